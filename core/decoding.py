@@ -1,0 +1,125 @@
+"""Plain (target-only) decoding with a KV cache, as a generator of events.
+
+Also home of ReplyStream, which both plain and speculative decoding use to turn
+token ids into streamed text: it holds back an incomplete UTF-8 character and
+any tail that could be the start of a stop string, and decides when to stop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from .events import TokenChunk, TurnFinished, TurnStats
+from .sampling import GenerationConfig, pick
+
+Cancel = Callable[[], bool]
+
+
+def _never() -> bool:
+    return False
+
+
+class ReplyStream:
+    """Accumulates reply token ids; yields the newly final text and the stop reason."""
+
+    def __init__(self, tokenizer, cfg: GenerationConfig, stop_ids: set[int]):
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.stop_ids = stop_ids
+        self.ids: list[int] = []
+        self.text = ""  # text already emitted
+        self.reason: str | None = None
+
+    def push(self, new_ids: list[int], drafted: int = 0) -> list[TokenChunk]:
+        """Append ids (the first `drafted` of them came from accepted drafts)."""
+        chunks: list[TokenChunk] = []
+        for i, tok in enumerate(new_ids):
+            if tok in self.stop_ids:
+                self.reason = "eos"
+                break
+            self.ids.append(tok)
+            if len(self.ids) >= self.cfg.max_new_tokens:
+                self.reason = "length"
+            chunk = self._emit(i < drafted, final=self.reason is not None)
+            if chunk:
+                chunks.append(chunk)
+            if self.reason:
+                break
+        if self.reason == "eos":
+            chunk = self._emit(False, final=True)
+            if chunk:
+                chunks.append(chunk)
+        return _merge(chunks)
+
+    def _emit(self, drafted: bool, final: bool) -> TokenChunk | None:
+        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        for s in self.cfg.stop_strings:
+            at = full.find(s)
+            if s and at >= 0:
+                full, final, self.reason = full[:at], True, "stop"
+        if not final:
+            # Hold back a partial UTF-8 character and a possible stop-string prefix.
+            if full.endswith("\ufffd"):
+                return None
+            hold = max((_overlap(full, s) for s in self.cfg.stop_strings), default=0)
+            full = full[: len(full) - hold]
+        if not full.startswith(self.text) or len(full) <= len(self.text):
+            return None
+        new, self.text = full[len(self.text) :], full
+        return TokenChunk(new, drafted)
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest tail of text that is a proper prefix of stop."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def _merge(chunks: list[TokenChunk]) -> list[TokenChunk]:
+    out: list[TokenChunk] = []
+    for c in chunks:
+        if out and out[-1].drafted == c.drafted:
+            out[-1] = TokenChunk(out[-1].text + c.text, c.drafted)
+        else:
+            out.append(c)
+    return out
+
+
+@torch.inference_mode()
+def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """Logits [len(ids), vocab] for ids appended after what the cache holds."""
+    x = torch.as_tensor(ids, dtype=torch.long).view(1, -1)
+    out = model(input_ids=x, cache=cache, use_cache=True)
+    return out.logits[0]
+
+
+def generate_plain(
+    model,
+    tokenizer,
+    prompt_ids: list[int],
+    cfg: GenerationConfig,
+    stop_ids: set[int],
+    cancel: Cancel = _never,
+) -> Iterator[TokenChunk | TurnFinished]:
+    stats = TurnStats(method="target", prompt_tokens=len(prompt_ids))
+    stream = ReplyStream(tokenizer, cfg, stop_ids)
+    gen = cfg.generator()
+    start = time.perf_counter()
+    cache = DynamicCache()
+    logits = forward(model, prompt_ids, cache)[-1]
+    while not cancel():
+        tok = pick(logits, cfg, gen)
+        yield from stream.push([tok])
+        if stream.reason:
+            break
+        logits = forward(model, [tok], cache)[-1]
+        stats.steps += 1
+    stats.new_tokens = len(stream.ids)
+    stats.seconds = time.perf_counter() - start
+    yield TurnFinished(stream.text, stream.reason or "cancelled", stats, list(stream.ids))

@@ -1,0 +1,55 @@
+"""What a decode loop yields. Plain and speculative decoding yield the same
+events, so the worker and the GUI never care which one ran."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenChunk:
+    text: str
+    drafted: bool = False  # True when this text came from accepted draft tokens
+
+
+@dataclass
+class TurnStats:
+    method: str  # "target" (plain) or "omnidraft"
+    new_tokens: int = 0
+    seconds: float = 0.0
+    prompt_tokens: int = 0
+    steps: int = 0  # target forwards after the prompt
+    proposed: int = 0  # target-space draft tokens offered for verification
+    accepted: int = 0
+    ngram_hits: int = 0  # proposals that came from merging through the n-gram cache
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        return self.new_tokens / self.steps if self.steps else None
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(
+            tokens_per_s=self.tokens_per_s,
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_step=self.tokens_per_step,
+        )
+        return d
+
+
+@dataclass
+class TurnFinished:
+    text: str
+    reason: str  # "eos", "stop", "length" or "cancelled"
+    stats: TurnStats
+    token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,127 @@
+"""Loading catalog entries into (model, tokenizer), via a cached safetensors copy.
+
+transformers de-quantizes a GGUF file in 30-90 s here; we do it once and keep a
+bf16 safetensors copy in the user cache dir, which later loads in well under 5 s.
+A copy is written into a temporary folder and renamed into place only when
+complete, so a conversion killed half-way is never mistaken for a good cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import paths
+from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, gemma_terms_files, inspect_path
+
+Progress = Callable[[str, float], None]  # (stage description, fraction 0..1)
+_COMPLETE = "omnidraft-converted.json"
+CONVERTED_FORMAT = 1
+
+
+@dataclass
+class LoadedModel:
+    entry: ModelEntry
+    model: torch.nn.Module
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    load_seconds: float
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+def _no_progress(stage: str, fraction: float) -> None:
+    pass
+
+
+def source_path(entry: ModelEntry, progress: Progress = _no_progress) -> Path:
+    if entry.bundled:
+        progress("Preparing bundled model file", 0.0)
+        return bundled_path(entry.id)
+    return Path(entry.path)
+
+
+def _cache_key(gguf: Path) -> str:
+    st = gguf.stat()
+    token = f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}|{CONVERTED_FORMAT}"
+    return hashlib.sha1(token.encode()).hexdigest()[:12]
+
+
+def converted_dir(entry: ModelEntry, gguf: Path) -> Path:
+    return paths.cache_dir() / "models" / f"{entry.id}-{_cache_key(gguf)}"
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / _COMPLETE).exists()
+
+
+def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progress) -> Path:
+    """De-quantize a GGUF file once into a bf16 safetensors folder; returns the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    dest = converted_dir(entry, gguf)
+    if is_complete(dest):
+        return dest
+    # Anything here without the completion marker is a half-written cache: rebuild it.
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp = dest.with_name(dest.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"Converting {gguf.name} (first use only)", 0.05)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        progress("De-quantizing weights", 0.3)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=torch.bfloat16,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+    except Exception as exc:
+        raise ModelError(f"{gguf.name} could not be loaded as a model: {exc}") from exc
+    progress("Saving converted copy", 0.8)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if entry.id == GEMMA_ID:
+        for terms in gemma_terms_files():
+            shutil.copy2(terms, tmp / terms.name)
+    (tmp / _COMPLETE).write_text(json.dumps({"source": str(gguf), "format": CONVERTED_FORMAT}))
+    os.replace(tmp, dest)
+    progress("Converted", 0.95)
+    return dest
+
+
+def weights_folder(entry: ModelEntry, progress: Progress = _no_progress) -> Path:
+    src = source_path(entry, progress)
+    if not entry.bundled:
+        inspect_path(src)  # the file may have changed or vanished since it was added
+    if src.suffix.lower() == ".gguf":
+        return convert_gguf(entry, src, progress)
+    return src
+
+
+def load(
+    entry: ModelEntry, dtype: torch.dtype = torch.bfloat16, progress: Progress = _no_progress
+) -> LoadedModel:
+    """Load a catalog entry for inference. Raises ModelError with a readable message."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    folder = weights_folder(entry, progress)
+    progress(f"Loading {entry.name}", 0.96)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except Exception as exc:
+        raise ModelError(f"{entry.name} could not be loaded: {exc}") from exc
+    model.eval()
+    progress(f"{entry.name} ready", 1.0)
+    return LoadedModel(entry, model, tokenizer, time.perf_counter() - start)

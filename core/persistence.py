@@ -1,0 +1,79 @@
+"""Atomic saves: a crash mid-write never leaves a half-written file behind.
+
+Write to a temporary file in the same folder, fsync it, rename it over the old
+one (rename is atomic on one filesystem), then fsync the folder so the rename
+itself survives a power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8"))
+
+
+def read_json(path: Path, default: Any) -> Any:
+    """The saved object, or `default` when the file is missing.
+
+    A corrupt file raises CorruptStateError so the caller can tell the user and
+    keep the broken file aside instead of silently overwriting it.
+    """
+    path = Path(path)
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptStateError(path, str(exc)) from exc
+
+
+class CorruptStateError(Exception):
+    def __init__(self, path: Path, detail: str):
+        super().__init__(f"Saved file {path} is damaged and could not be read ({detail}).")
+        self.path = Path(path)
+
+    def quarantine(self) -> Path:
+        """Move the damaged file aside (kept for the user, never deleted)."""
+        dest = self.path.with_name(self.path.name + ".corrupt")
+        n = 1
+        while dest.exists():
+            dest = self.path.with_name(f"{self.path.name}.corrupt{n}")
+            n += 1
+        os.replace(self.path, dest)
+        return dest
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

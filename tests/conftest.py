@@ -1,0 +1,56 @@
+"""Shared fixtures. Every test session gets its own OMNIDRAFT_HOME; converted
+model weights and extracted tokenizers are kept between runs in .test-cache/
+(re-creatable, git-ignored) so repeated runs stay fast."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_CACHE = Path(os.environ.get("OMNIDRAFT_TEST_CACHE", ROOT / ".test-cache"))
+SHARED_EVAL = ROOT.parent / "shared" / "eval"
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ["OMNIDRAFT_HOME"] = tempfile.mkdtemp(prefix="omnidraft-test-home-")
+# Converted models are pure caches: share them across test runs.
+(TEST_CACHE / "models").mkdir(parents=True, exist_ok=True)
+(TEST_CACHE / "gguf").mkdir(parents=True, exist_ok=True)
+_cache = Path(os.environ["OMNIDRAFT_HOME"]) / "cache"
+_cache.mkdir(parents=True, exist_ok=True)
+for _name in ("models", "gguf"):
+    (_cache / _name).symlink_to(TEST_CACHE / _name)
+
+
+def _tokenizer(entry_id: str):
+    """The bundled model's real tokenizer, extracted from its GGUF once."""
+    from transformers import AutoTokenizer
+
+    from omnidraft.core.catalog import bundled_path
+
+    folder = TEST_CACHE / "tokenizers" / entry_id
+    if not (folder / "tokenizer_config.json").exists():
+        gguf = bundled_path(entry_id)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def smol_tok():
+    return _tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma_tok():
+    return _tokenizer("gemma-3-270m")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh, empty OMNIDRAFT_HOME for one test."""
+    monkeypatch.setenv("OMNIDRAFT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
