@@ -29,6 +29,10 @@ class Engine:
         self.catalog = catalog or ModelCatalog()
         self.dtype = dtype
         self.target: LoadedModel | None = None
+        # The target's plain-decoding speed measured on this machine (tokens/s), the
+        # baseline every reply's speedup is computed against; None until measured.
+        self.baseline_tokens_per_s: float | None = None
+        self.drafter_description: str | None = None  # None = plain decoding only
 
     def load_target(self, id_or_path: str, progress: Progress = _no_progress) -> ModelEntry:
         entry = self.catalog.get(id_or_path)
