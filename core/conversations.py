@@ -1,0 +1,205 @@
+"""The user's saved conversations: one encrypted file per conversation.
+
+Files live in data_dir()/conversations/<id>.chat, encrypted with secure_store and
+written atomically, so a crash mid-save keeps the previous version. A damaged
+file is moved aside (quarantined) and reported in `ConversationStore.warnings`;
+it never hides the other conversations and nothing the user wrote is deleted.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import paths
+from .persistence import CorruptStateError
+from .secure_store import KeyStore, KeyUnavailableError, load_encrypted, save_encrypted
+
+ROLES = ("system", "user", "assistant")
+DEFAULT_TITLE = "New chat"
+TITLE_CHARS = 60
+SUFFIX = ".chat"
+_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass
+class Conversation:
+    id: str
+    title: str
+    created: float  # seconds since the epoch
+    updated: float
+    messages: list[dict] = field(default_factory=list)  # {"role", "content", optional "stats"}
+    model_id: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: object, path: Path) -> Conversation:
+        """Checked construction; CorruptStateError names what is wrong."""
+        if not isinstance(raw, dict):
+            raise CorruptStateError(path, "not a conversation record")
+        try:
+            conv = cls(
+                id=str(raw["id"]),
+                title=str(raw["title"]),
+                created=float(raw["created"]),
+                updated=float(raw["updated"]),
+                messages=list(raw["messages"]),
+                model_id=raw.get("model_id"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStateError(path, f"missing or invalid field {exc}") from exc
+        for m in conv.messages:
+            if not _valid_message(m):
+                raise CorruptStateError(path, "a message has no valid role or content")
+        return conv
+
+
+def _valid_message(m: object) -> bool:
+    return (
+        isinstance(m, dict)
+        and m.get("role") in ROLES
+        and isinstance(m.get("content"), str)
+        and isinstance(m.get("stats", {}), dict)
+    )
+
+
+def title_from(text: str) -> str:
+    """A title from the first line of the first user message."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if not line:
+        return DEFAULT_TITLE
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+class ConversationStore:
+    """All conversations, loaded once; every change is saved to its own file."""
+
+    def __init__(self, folder: Path | None = None, keys: KeyStore | None = None):
+        self.folder = Path(folder or paths.data_dir() / "conversations")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.keys = keys
+        self.warnings: list[str] = []  # shown to the user; nothing here is fatal
+        self._convs: dict[str, Conversation] = {}
+        self._last_time = 0.0
+        for path in sorted(self.folder.glob(f"*{SUFFIX}")):
+            self._load_one(path)
+
+    def _load_one(self, path: Path) -> None:
+        try:
+            conv = Conversation.from_dict(load_encrypted(path, None, self.keys), path)
+            if conv.id != path.stem or not _ID.match(conv.id):
+                raise CorruptStateError(path, "its id does not match its file name")
+        except KeyUnavailableError:
+            # Intact but not openable with today's key: leave it exactly where it is.
+            self.warnings.append(
+                f"The conversation in {path.name} was encrypted with a key that is not "
+                "available now (is the system keyring locked?); it was left untouched."
+            )
+            return
+        except CorruptStateError as exc:
+            kept = exc.quarantine()
+            self.warnings.append(
+                f"A saved conversation was damaged and could not be opened; "
+                f"it was kept as {kept.name} in {kept.parent}."
+            )
+            return
+        self._convs[conv.id] = conv
+
+    def _now(self) -> float:
+        """Strictly increasing, so "newest first" holds even within one clock tick."""
+        self._last_time = max(time.time(), self._last_time + 1e-6)
+        return self._last_time
+
+    def _path(self, conv_id: str) -> Path:
+        if not _ID.match(conv_id):  # ids become file names: refuse anything else
+            raise KeyError(conv_id)
+        return self.folder / f"{conv_id}{SUFFIX}"
+
+    # ------------------------------------------------------------------ queries
+
+    def list(self) -> list[Conversation]:
+        """Newest (most recently updated) first."""
+        return sorted(self._convs.values(), key=lambda c: (c.updated, c.created), reverse=True)
+
+    def get(self, conv_id: str) -> Conversation:
+        """KeyError when there is no such conversation."""
+        return self._convs[conv_id]
+
+    def __contains__(self, conv_id: object) -> bool:
+        return conv_id in self._convs
+
+    def __len__(self) -> int:
+        return len(self._convs)
+
+    # ------------------------------------------------------------------ changes
+
+    def new(self, model_id: str | None = None, title: str = DEFAULT_TITLE) -> Conversation:
+        now = self._now()
+        conv = Conversation(uuid.uuid4().hex, title.strip() or DEFAULT_TITLE, now, now, [], model_id)
+        self._convs[conv.id] = conv
+        self.save(conv.id)
+        return conv
+
+    def rename(self, conv_id: str, title: str) -> Conversation:
+        conv = self.get(conv_id)
+        conv.title = title.strip()[:200] or DEFAULT_TITLE
+        self._touch_and_save(conv)
+        return conv
+
+    def delete(self, conv_id: str) -> None:
+        path = self._path(conv_id)
+        self._convs.pop(conv_id, None)
+        path.unlink(missing_ok=True)
+
+    def append_message(
+        self, conv_id: str, role: str, content: str, stats: dict | None = None,
+        model_id: str | None = None,
+    ) -> Conversation:
+        """Add a message; the first user message names a still-untitled conversation."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        conv = self.get(conv_id)
+        message: dict = {"role": role, "content": content}
+        if stats is not None:
+            message["stats"] = dict(stats)
+        conv.messages.append(message)
+        if role == "user" and conv.title == DEFAULT_TITLE:
+            conv.title = title_from(content)
+        if model_id is not None:
+            conv.model_id = model_id
+        self._touch_and_save(conv)
+        return conv
+
+    def update_last_message(
+        self, conv_id: str, content: str, stats: dict | None = None, persist: bool = True
+    ) -> Conversation:
+        """Replace the last message's text (a streaming reply).
+
+        persist=False only updates memory: saving on every streamed batch would
+        re-encrypt and fsync the whole conversation dozens of times a second; call
+        save() when the reply finishes.
+        """
+        conv = self.get(conv_id)
+        if not conv.messages:
+            raise ValueError("the conversation has no message to update")
+        last = conv.messages[-1]
+        last["content"] = content
+        if stats is not None:
+            last["stats"] = dict(stats)
+        conv.updated = self._now()
+        if persist:
+            self.save(conv_id)
+        return conv
+
+    def save(self, conv_id: str) -> None:
+        conv = self.get(conv_id)
+        save_encrypted(self._path(conv.id), conv.to_dict(), self.keys)
+
+    def _touch_and_save(self, conv: Conversation) -> None:
+        conv.updated = self._now()
+        self.save(conv.id)

@@ -1,0 +1,515 @@
+"""The engine worker process, and the handle the GUI drives it with.
+
+The worker owns one Engine (target, drafter, caches, learner) in a separate
+"spawn" process, so a crash, an out-of-memory kill or a long model load never
+freezes or takes down the GUI. It reads typed requests (core.protocol) from one
+queue and writes typed events to another:
+
+* ChatRequest -> TokenBatch* (text batched every ~30 ms), then exactly one TurnDone
+  (reason "error" after an ErrorEvent when the request fails).
+* CancelRequest stops the running reply between decoding steps; the cancel check
+  drains the request queue without blocking and keeps everything else queued in order.
+* After `idle_delay_s` without a request, learning runs one short step at a time
+  (engine.idle_step()), checking the queue between steps so a new request starts
+  within one step.
+
+This module is imported by the GUI process too (WorkerHandle): torch and the engine
+are imported only inside the worker, never at module level.
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from .paths import HOME_ENV
+from .protocol import (
+    AddModel,
+    CancelRequest,
+    CatalogChanged,
+    ChatRequest,
+    ErrorEvent,
+    Event,
+    LearningProgress,
+    LearnNow,
+    ModelLoaded,
+    ModelLoading,
+    Notice,
+    PauseLearning,
+    Request,
+    ResetPersonalization,
+    Shutdown,
+    SwitchTarget,
+    TokenBatch,
+    TurnDone,
+    UpdateSettings,
+    WorkerReady,
+)
+from .settings import Settings
+
+BATCH_INTERVAL_S = 0.03
+# How often the loop wakes while waiting, to notice that the idle delay has passed.
+_WAKE_S = 0.5
+
+Emit = Callable[[Event], None]
+
+
+class _Batcher:
+    """Collects streamed text and emits it as one TokenBatch per ~30 ms."""
+
+    def __init__(self, emit: Emit, request_id: int, interval: float = BATCH_INTERVAL_S):
+        self.emit = emit
+        self.request_id = request_id
+        self.interval = interval
+        self.pieces: list[tuple[str, bool]] = []
+        self.last = time.monotonic() - interval  # the first text goes out at once
+        self.text = ""  # everything emitted or pending, for an error's partial reply
+
+    def add(self, text: str, drafted: bool) -> None:
+        if not text:
+            return
+        self.text += text
+        if self.pieces and self.pieces[-1][1] == drafted:
+            self.pieces[-1] = (self.pieces[-1][0] + text, drafted)
+        else:
+            self.pieces.append((text, drafted))
+        self.flush_if_due()
+
+    def flush_if_due(self) -> None:
+        if self.pieces and time.monotonic() - self.last >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pieces:
+            self.emit(TokenBatch(self.request_id, self.pieces))
+            self.pieces = []
+        self.last = time.monotonic()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def _catalog(engine: Any) -> list[dict]:
+    return [asdict(e) for e in engine.catalog.entries()]
+
+
+class WorkerLoop:
+    """The request loop around one engine. Queues need only put/get/get_nowait, so
+    tests can drive it in-process with queue.Queue."""
+
+    def __init__(
+        self,
+        requests: Any,
+        events: Any,
+        engine: Any,
+        settings: Settings | None = None,
+        parent_alive: Callable[[], bool] = lambda: True,
+    ):
+        self.requests = requests
+        self.events = events
+        self.engine = engine
+        self.settings = settings or Settings()
+        self.parent_alive = parent_alive  # the GUI may die without sending Shutdown
+        self.pending: deque[Request] = deque()  # taken off the queue during a reply
+        self.last_request = time.monotonic()
+        self.learn_now = False
+        # False after idle_step reported nothing to do (or failed): wait for new activity.
+        self.learning_has_work = True
+
+    def emit(self, event: Event) -> None:
+        self.events.put(event)
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> None:
+        self.emit(WorkerReady(os.getpid(), _catalog(self.engine)))
+        warning = getattr(self.engine.catalog, "load_warning", None)
+        if warning:
+            self.emit(Notice(warning))
+        while True:
+            request = self._next_request()
+            if request is None:
+                if not self.parent_alive():
+                    return  # orphaned: nobody will read what we do
+                self._idle_step()
+                continue
+            self.last_request = time.monotonic()
+            self.learning_has_work = True
+            if isinstance(request, Shutdown):
+                return
+            self._handle_safely(request)
+
+    def _next_request(self) -> Request | None:
+        """The next request, or None when it is time for an idle learning step."""
+        if self.pending:
+            return self.pending.popleft()
+        while True:
+            if self._learning_due():
+                try:
+                    return self.requests.get_nowait()
+                except queue.Empty:
+                    return None
+            try:
+                return self.requests.get(timeout=self._wait_s())
+            except queue.Empty:
+                if not self.parent_alive():
+                    return None
+
+    def _wait_s(self) -> float:
+        if not self._can_learn():
+            return _WAKE_S
+        left = self.settings.idle_delay_s - (time.monotonic() - self.last_request)
+        return min(_WAKE_S, max(0.01, left))
+
+    def _can_learn(self) -> bool:
+        return (
+            hasattr(self.engine, "idle_step")
+            and not self.settings.learning_paused
+            and (self.learning_has_work or self.learn_now)
+        )
+
+    def _learning_due(self) -> bool:
+        if not self._can_learn():
+            return False
+        waited = time.monotonic() - self.last_request
+        return self.learn_now or waited >= self.settings.idle_delay_s
+
+    def _idle_step(self) -> None:
+        """One short unit of learning; the loop checks the queue again right after."""
+        try:
+            progress = self.engine.idle_step()
+        except Exception as exc:  # noqa: BLE001 - learning must never take the worker down
+            self.learning_has_work = False  # don't repeat a failing step in a tight loop
+            self.learn_now = False
+            self.emit(ErrorEvent(f"Learning stopped: {_short(exc)}", None, traceback.format_exc()))
+            return
+        if isinstance(progress, LearningProgress):
+            self.emit(progress)
+        if progress is None or getattr(progress, "state", "running") != "running":
+            self.learning_has_work = False
+            self.learn_now = False
+
+    # ------------------------------------------------------------------ requests
+
+    def _handle_safely(self, request: Request) -> None:
+        request_id = getattr(request, "request_id", None)
+        try:
+            self._handle(request)
+        except Exception as exc:  # noqa: BLE001 - the worker keeps serving whatever went wrong
+            self.emit(
+                ErrorEvent(
+                    f"Something went wrong in the engine ({_short(exc)}).",
+                    request_id,
+                    traceback.format_exc(),
+                )
+            )
+
+    def _handle(self, request: Request) -> None:
+        if isinstance(request, ChatRequest):
+            self._chat(request)
+        elif isinstance(request, CancelRequest):
+            pass  # its reply already finished (or was cancelled while queued)
+        elif isinstance(request, SwitchTarget):
+            self._switch_target(request)
+        elif isinstance(request, AddModel):
+            self._add_model(request)
+        elif isinstance(request, LearnNow):
+            self.learn_now = True
+            if self.settings.learning_paused:
+                self.emit(LearningProgress(self._model_id() or "", "paused"))
+        elif isinstance(request, PauseLearning):
+            self._apply_settings({"learning_paused": request.paused})
+            self.emit(LearningProgress(self._model_id() or "", "paused" if request.paused else "idle"))
+        elif isinstance(request, ResetPersonalization):
+            self._reset_personalization(request)
+        elif isinstance(request, UpdateSettings):
+            self._apply_settings(request.settings)
+        else:
+            raise TypeError(f"unknown request {type(request).__name__}")
+
+    def _model_id(self) -> str | None:
+        target = getattr(self.engine, "target", None)
+        return target.entry.id if target is not None else None
+
+    def _switch_target(self, request: SwitchTarget) -> None:
+        from .catalog import ModelError
+
+        def progress(stage: str, fraction: float) -> None:
+            self.emit(ModelLoading(request.model_id, stage, fraction))
+
+        try:
+            entry = self.engine.load_target(request.model_id, progress)
+        except ModelError as exc:  # the previous target stays loaded
+            self.emit(ErrorEvent(str(exc)))
+            return
+        self.emit(
+            ModelLoaded(
+                entry.id,
+                entry.name,
+                self.engine.target.load_seconds,
+                getattr(self.engine, "drafter_description", None),
+            )
+        )
+
+    def _add_model(self, request: AddModel) -> None:
+        from .catalog import ModelError
+
+        try:
+            entry = self.engine.catalog.add(request.path)
+        except ModelError as exc:
+            self.emit(ErrorEvent(str(exc)))
+            return
+        self.emit(CatalogChanged(_catalog(self.engine), entry.id))
+
+    def _reset_personalization(self, request: ResetPersonalization) -> None:
+        if not hasattr(self.engine, "reset_personalization"):
+            self.emit(ErrorEvent("Resetting what was learned is not available in this version."))
+            return
+        self.engine.reset_personalization(request.model_id)
+        self.emit(Notice(f"What was learned for {request.model_id} was reset."))
+
+    def _apply_settings(self, changes: dict) -> None:
+        self.settings, problems = self.settings.updated(**changes)
+        if hasattr(self.engine, "apply_settings"):
+            self.engine.apply_settings(self.settings)
+        for problem in problems:
+            self.emit(Notice(problem))
+
+    # ------------------------------------------------------------------ chat
+
+    def _chat(self, request: ChatRequest) -> None:
+        from .catalog import ModelError
+        from .engine import InputError
+        from .events import TokenChunk, TurnFinished
+        from .sampling import GenerationConfig
+
+        batcher = _Batcher(self.emit, request.request_id)
+        cancelled = False
+
+        def cancel() -> bool:
+            nonlocal cancelled
+            cancelled = self._drain(request.request_id) or cancelled
+            batcher.flush_if_due()  # text held while a step was slow still goes out
+            return cancelled
+
+        cfg = GenerationConfig(
+            max_new_tokens=request.max_new_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+        )
+        try:
+            for item in self._chat_stream(request, cfg, cancel):
+                if isinstance(item, TokenChunk):
+                    batcher.add(item.text, item.drafted)
+                elif isinstance(item, TurnFinished):
+                    batcher.flush()
+                    self.emit(self._turn_done(request.request_id, item))
+                    return
+            raise RuntimeError("the reply ended without a finish event")
+        except (InputError, ModelError) as exc:
+            self._chat_failed(request.request_id, batcher, str(exc), "")
+        except Exception as exc:  # noqa: BLE001 - reported with its traceback; keep serving
+            self._chat_failed(
+                request.request_id,
+                batcher,
+                f"The reply failed ({_short(exc)}).",
+                traceback.format_exc(),
+            )
+
+    def _chat_stream(self, request: ChatRequest, cfg: Any, cancel: Callable[[], bool]):
+        # Engines that can decode speculatively take the per-request choice.
+        kwargs = {}
+        if "speculative" in inspect.signature(self.engine.chat).parameters:
+            kwargs["speculative"] = request.speculative
+        return self.engine.chat(request.messages, cfg, cancel, **kwargs)
+
+    def _turn_done(self, request_id: int, item: Any) -> TurnDone:
+        return TurnDone(
+            request_id,
+            item.text,
+            item.reason,
+            item.stats.as_dict(),
+            self._model_id() or "",
+            getattr(self.engine, "baseline_tokens_per_s", None),
+        )
+
+    def _chat_failed(self, request_id: int, batcher: _Batcher, message: str, detail: str) -> None:
+        batcher.flush()
+        self.emit(ErrorEvent(message, request_id, detail))
+        self.emit(TurnDone(request_id, batcher.text, "error", {}, self._model_id() or "", None))
+
+    def _drain(self, running_id: int) -> bool:
+        """Move waiting requests into `pending`; True when the running reply must stop."""
+        stop = False
+        while True:
+            try:
+                request = self.requests.get_nowait()
+            except queue.Empty:
+                return stop
+            self.last_request = time.monotonic()
+            if isinstance(request, CancelRequest):
+                if request.request_id == running_id:
+                    stop = True
+                else:
+                    self._cancel_queued(request.request_id)
+            else:
+                if isinstance(request, Shutdown):
+                    stop = True  # quit promptly, not after a long reply
+                self.pending.append(request)
+
+    def _cancel_queued(self, request_id: int) -> None:
+        for request in list(self.pending):
+            if isinstance(request, ChatRequest) and request.request_id == request_id:
+                self.pending.remove(request)
+                model_id = self._model_id() or ""
+                self.emit(TurnDone(request_id, "", "cancelled", {}, model_id, None))
+
+
+# ---------------------------------------------------------------------- process side
+
+
+def default_threads() -> int:
+    """Torch threads for the engine: the physical cores (hyper-threads slow matmuls)."""
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def worker_main(requests: Any, events: Any, home: str | None = None, threads: int | None = None) -> None:
+    """Entry point of the worker process."""
+    if home:
+        os.environ[HOME_ENV] = home
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no extra tokenizer threads
+    import torch
+
+    torch.set_num_threads(threads or default_threads())
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set (only allowed once per process)
+        pass
+    from .engine import Engine
+
+    try:
+        engine = Engine()
+    except Exception as exc:
+        events.put(ErrorEvent(f"The engine could not start ({_short(exc)}).", None, traceback.format_exc()))
+        raise
+    parent = mp.parent_process()
+    WorkerLoop(requests, events, engine, parent_alive=lambda: parent is None or parent.is_alive()).run()
+
+
+class WorkerHandle:
+    """The GUI's side: starts, feeds, polls and restarts the worker process. Qt-free.
+
+    The GUI calls poll() from a timer (every ~30 ms) and checks is_alive(); when the
+    worker died it reports the crash and calls restart(). The last UpdateSettings
+    sent is replayed to a restarted worker so it runs with the user's settings.
+    """
+
+    def __init__(self, home: str | None = None, threads: int | None = None):
+        self.home = home
+        self.threads = threads
+        self._ctx = mp.get_context("spawn")
+        self._proc: Any = None
+        self._requests: Any = None
+        self._events: Any = None
+        self._settings: UpdateSettings | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._proc.exitcode if self._proc is not None else None
+
+    def start(self) -> None:
+        if self.is_alive():
+            raise RuntimeError("the worker is already running")
+        self._close_queues()  # a crashed worker's queues
+        self._requests = self._ctx.Queue()
+        self._events = self._ctx.Queue()
+        self._proc = self._ctx.Process(
+            target=worker_main,
+            args=(self._requests, self._events, self.home, self.threads),
+            name="omnidraft-engine",
+            daemon=True,  # never outlives the GUI
+        )
+        self._proc.start()
+        if self._settings is not None:
+            self._requests.put(self._settings)
+
+    def send(self, request: Request) -> None:
+        if self._requests is None:
+            raise RuntimeError("the worker was not started")
+        if isinstance(request, UpdateSettings):
+            self._settings = request
+        self._requests.put(request)
+
+    def poll(self, timeout: float = 0.0) -> list[Event]:
+        """All events available now; waits up to `timeout` seconds for the first one."""
+        if self._events is None:
+            return []
+        out: list[Event] = []
+        try:
+            first = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
+        except queue.Empty:
+            return out
+        out.append(first)
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def kill(self) -> None:
+        """Hard kill (SIGKILL), as a crash would."""
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to shut down; terminate it if it does not within `timeout`."""
+        if self._proc is None:
+            return
+        if self._proc.is_alive():
+            try:
+                self._requests.put(Shutdown())
+            except (OSError, ValueError):  # queue already closed
+                pass
+            self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(2)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(2)
+        self._close_queues()
+
+    def restart(self) -> None:
+        """Stop (or clean up after a dead) worker and start a fresh one."""
+        self.stop(timeout=2.0)
+        self.start()
+
+    def _close_queues(self) -> None:
+        # The old queues may hold half-sent data from a killed process: drop them
+        # without waiting on their feeder threads, which could block forever.
+        for q in (self._requests, self._events):
+            if q is not None:
+                q.cancel_join_thread()
+                q.close()
+        self._requests = self._events = None

@@ -1,0 +1,132 @@
+"""The persisted, encrypted conversation list."""
+
+import keyring
+import pytest
+from keyring.backends import fail
+from omnidraft.core import secure_store
+from omnidraft.core.conversations import DEFAULT_TITLE, ConversationStore, title_from
+from omnidraft.core.paths import data_dir
+from omnidraft.core.secure_store import KeyStore, save_encrypted
+
+
+@pytest.fixture(autouse=True)
+def no_real_keyring(monkeypatch):
+    monkeypatch.setattr(keyring, "get_keyring", lambda: fail.Keyring())
+    monkeypatch.setattr(secure_store, "_default", {})
+
+
+def test_new_append_and_reload(home):
+    store = ConversationStore()
+    conv = store.new(model_id="gemma-3-270m")
+    store.append_message(conv.id, "user", "What is a drafter?\nIn two lines.")
+    store.append_message(conv.id, "assistant", "A small model", stats={"tokens_per_s": 12.5})
+    store.update_last_message(conv.id, "A small model that proposes tokens.", {"tokens_per_s": 13.0})
+
+    again = ConversationStore().get(conv.id)
+    assert again.title == "What is a drafter?"
+    assert again.model_id == "gemma-3-270m"
+    assert again.messages == [
+        {"role": "user", "content": "What is a drafter?\nIn two lines."},
+        {"role": "assistant", "content": "A small model that proposes tokens.",
+         "stats": {"tokens_per_s": 13.0}},
+    ]
+
+
+def test_files_are_encrypted_one_per_conversation(home):
+    store = ConversationStore()
+    for word in ("alpha-secret", "beta-secret"):
+        store.append_message(store.new().id, "user", word)
+    files = sorted((data_dir() / "conversations").glob("*.chat"))
+    assert len(files) == 2
+    for f in files:
+        assert b"secret" not in f.read_bytes()
+
+
+def test_list_is_newest_first_and_touching_moves_up(home):
+    store = ConversationStore()
+    a, b, c = store.new(title="a"), store.new(title="b"), store.new(title="c")
+    assert [x.title for x in store.list()] == ["c", "b", "a"]
+    store.append_message(a.id, "user", "hello")
+    assert [x.id for x in store.list()] == [a.id, c.id, b.id]
+    assert [x.id for x in ConversationStore().list()] == [a.id, c.id, b.id]
+
+
+def test_rename_and_delete_persist(home):
+    store = ConversationStore()
+    keep, drop = store.new(), store.new()
+    store.rename(keep.id, "  Trip plans  ")
+    store.delete(drop.id)
+    again = ConversationStore()
+    assert [c.title for c in again.list()] == ["Trip plans"]
+    assert drop.id not in again
+    with pytest.raises(KeyError):
+        again.get(drop.id)
+
+
+def test_streaming_updates_stay_in_memory_until_saved(home):
+    store = ConversationStore()
+    conv = store.new()
+    store.append_message(conv.id, "user", "hi")
+    store.append_message(conv.id, "assistant", "")
+    store.update_last_message(conv.id, "Hel", persist=False)
+    assert ConversationStore().get(conv.id).messages[-1]["content"] == ""
+    store.update_last_message(conv.id, "Hello!", persist=False)
+    store.save(conv.id)
+    assert ConversationStore().get(conv.id).messages[-1]["content"] == "Hello!"
+
+
+def test_invalid_role_and_bad_ids_are_refused(home):
+    store = ConversationStore()
+    conv = store.new()
+    with pytest.raises(ValueError):
+        store.append_message(conv.id, "root", "x")
+    with pytest.raises(KeyError):
+        store.delete("../../settings")
+    with pytest.raises(ValueError):
+        store.update_last_message(conv.id, "nothing to update")
+
+
+def test_corrupt_file_is_quarantined_and_others_still_load(home):
+    store = ConversationStore()
+    good = store.new()
+    store.append_message(good.id, "user", "keep me")
+    bad = store.new()
+    path = data_dir() / "conversations" / f"{bad.id}.chat"
+    path.write_bytes(path.read_bytes()[:-10])
+
+    again = ConversationStore()
+    assert [c.id for c in again.list()] == [good.id]
+    assert len(again.warnings) == 1 and "damaged" in again.warnings[0]
+    assert not path.exists()
+    kept = list(path.parent.glob(f"{bad.id}.chat.corrupt*"))
+    assert len(kept) == 1 and kept[0].stat().st_size > 0
+
+
+def test_decryptable_but_malformed_record_is_quarantined(home):
+    store = ConversationStore()
+    conv = store.new()
+    path = data_dir() / "conversations" / f"{conv.id}.chat"
+    save_encrypted(path, {"id": conv.id, "title": "x", "messages": "not a list"})
+    again = ConversationStore()
+    assert len(again) == 0 and again.warnings
+    assert list(path.parent.glob("*.corrupt*"))
+
+
+def test_file_under_an_unavailable_key_is_left_untouched(home, tmp_path):
+    store = ConversationStore()
+    conv = store.new()
+    path = data_dir() / "conversations" / f"{conv.id}.chat"
+    other = KeyStore(tmp_path / "other", backend=fail.Keyring())
+    save_encrypted(path, store.get(conv.id).to_dict(), other)
+    before = path.read_bytes()
+
+    again = ConversationStore()
+    assert len(again) == 0 and "key" in again.warnings[0]
+    assert path.read_bytes() == before, "never moved or rewritten"
+
+
+def test_title_from_first_line():
+    assert title_from("\n\n  Hello there  \nmore") == "Hello there"
+    assert title_from("   ") == DEFAULT_TITLE
+    long = title_from("x" * 500)
+    assert len(long) == 60 and long.endswith("…")
