@@ -1,0 +1,147 @@
+"""omnidraft-bench end to end on a tiny random model with the real SmolLM2 tokenizer."""
+
+import json
+
+import pytest
+from omnidraft.core import bench
+from omnidraft.core.engine import Engine
+
+from tests.tiny import tiny_llama
+
+PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is"]
+
+
+@pytest.fixture
+def tiny_target(tmp_path, smol_tok):
+    folder = tmp_path / "tiny-target"
+    tiny_llama(len(smol_tok)).save_pretrained(folder)
+    smol_tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"id": f"p{i}", "prompt": p}) for i, p in enumerate(PROMPTS)]
+    path.write_text("\n".join(lines + ["", json.dumps({"prompt": "never read"})]) + "\n")
+    return path
+
+
+def _run(args: list[str]) -> int:
+    return bench.main([str(a) for a in args])
+
+
+def test_target_and_hf_report(home, tiny_target, prompts_file, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = _run(
+        ["--target", tiny_target, "--prompts", prompts_file, "--limit", 2,
+         "--max-new-tokens", 8, "--methods", "target,hf", "--dtype", "fp32", "--json", out]
+    )  # fmt: skip
+    assert rc == 0
+    report = json.loads(out.read_text())
+
+    assert report["prompts"] == 2 and report["max_new_tokens"] == 8
+    assert report["dtype"] == "fp32" and isinstance(report["target"], str)
+    assert report["drafter"] is None  # no drafter method ran
+    assert report["greedy_identical"] is None  # omnidraft did not run
+    assert set(report["methods"]) == {"target", "hf"}
+    for s in report["methods"].values():
+        assert s["tokens_per_s"] > 0 and s["new_tokens"] > 0
+        assert s["acceptance_rate"] is None
+        assert 0 < s["tokens_per_step"] <= 1.0  # plain decoding: one token per target forward
+    assert report["methods"]["target"]["speedup"] == 1.0
+    assert (
+        report["methods"]["target"]["engine"]["new_tokens"]
+        == report["methods"]["target"]["new_tokens"]
+    )
+
+    # hf decodes the same prompt ids greedily with the same stop ids: identical output.
+    target, hf = report["outputs"]["target"], report["outputs"]["hf"]
+    assert len(target) == 2 and all(len(ids) <= 8 for ids in target)
+    assert hf == target
+    assert report["methods"]["hf"]["identical_to_target"] == 1.0
+    assert report["divergences"] == [] and report["divergences_by_method"] == {"hf": []}
+    assert report["prompt_ids"] == ["p0", "p1"]
+    assert report["machine"]["torch_threads"] >= 1
+
+    table = capsys.readouterr().out
+    assert "target" in table and "hf" in table and "1.00x" in table
+
+
+def test_omnidraft_fails_clearly_without_speculative_decoding(
+    home, tiny_target, prompts_file, capsys
+):
+    if bench.speculative_available(Engine()):
+        pytest.skip("this build has speculative decoding")
+    rc = _run(["--target", tiny_target, "--prompts", prompts_file, "--methods", "target,omnidraft"])
+    assert rc == 2
+    assert bench.NOT_AVAILABLE in capsys.readouterr().err
+
+
+def test_bad_inputs_are_reported_without_traceback(home, tiny_target, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    assert _run(["--target", tiny_target, "--prompts", bad, "--methods", "target"]) == 2
+    assert '"prompt" string' in capsys.readouterr().err
+    assert _run(["--target", tiny_target, "--prompts", bad, "--methods", "target,beam"]) == 2
+    assert "unknown method" in capsys.readouterr().err
+
+
+def test_trim_and_first_difference():
+    assert bench.trim([5, 6, 2, 7], {2}, 10) == [5, 6]
+    assert bench.trim([5, 6, 7], {2}, 2) == [5, 6]
+    assert bench.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert bench.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_temporary_home_links_the_real_cache_and_is_removed(home):
+    from omnidraft.core import paths
+
+    real_cache = paths.cache_dir()
+    with bench.bench_home(None):
+        run_home = paths.data_dir().parent
+        assert run_home != home
+        assert (run_home / "cache").resolve() == real_cache.resolve()
+    assert not run_home.exists() and real_cache.exists()
+    assert paths.data_dir().parent == home
+
+
+def test_uag_with_a_different_vocabulary_drafter(
+    home, tiny_target, prompts_file, tmp_path, gemma_tok, monkeypatch
+):
+    from omnidraft.core.catalog import ModelEntry
+    from omnidraft.core.loader import LoadedModel
+
+    from tests.tiny import tiny_gemma3
+
+    drafter = LoadedModel(
+        ModelEntry("tiny-drafter", "Tiny Gemma drafter", ""), tiny_gemma3(len(gemma_tok)),
+        gemma_tok, 0.0,
+    )  # fmt: skip
+    monkeypatch.setattr(bench, "uag_drafter", lambda *_: drafter)
+    out = tmp_path / "bench.json"
+    rc = _run(
+        ["--target", tiny_target, "--prompts", prompts_file, "--limit", 1,
+         "--max-new-tokens", 6, "--methods", "target,uag", "--dtype", "fp32", "--json", out]
+    )  # fmt: skip
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["drafter"] == "Tiny Gemma drafter"
+    uag = report["methods"]["uag"]
+    assert uag["tokens_per_s"] > 0 and uag["speedup"] > 0
+    # Greedy assisted generation verifies against the target's argmax: same output.
+    assert report["outputs"]["uag"] == report["outputs"]["target"]
+
+
+def test_uag_gets_a_private_copy_of_the_engines_drafter(home):
+    from omnidraft.core.catalog import ModelEntry
+    from omnidraft.core.loader import LoadedModel
+
+    engine = Engine()
+    model = tiny_llama(64)
+    engine.target = LoadedModel(ModelEntry("t", "T", ""), model, None, 0.0)
+    engine.drafter = LoadedModel(ModelEntry("d", "D", ""), model, None, 0.0)
+    assert bench.shares_embeddings(engine)  # self-drafting: forward counts are not the target's
+    copy = bench.uag_drafter(engine, None, None)
+    assert copy.entry.name == "D" and copy.model is not model
