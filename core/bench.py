@@ -225,7 +225,13 @@ def engine_runner(engine: Engine, speculative: bool) -> Runner:
         done = [e for e in engine.complete(prompt, cfg, **kwargs) if isinstance(e, TurnFinished)]
         if not done:
             raise RuntimeError("the engine finished without a TurnFinished event")
-        return list(done[-1].token_ids), done[-1].stats
+        stats = done[-1].stats
+        if speculative and stats.method != "omnidraft":
+            # The engine falls back to plain decoding when its drafter is off; timing
+            # that as "omnidraft" would be a false figure.
+            why = "; ".join(getattr(engine, "warnings", [])) or "no drafter loaded"
+            raise BenchError(f"method 'omnidraft': the engine decoded plainly ({why})")
+        return list(done[-1].token_ids), stats
 
     return run
 
@@ -282,6 +288,8 @@ def uag_drafter(engine: Engine, dtype: torch.dtype, catalog: ModelCatalog) -> Lo
     own = getattr(engine, "drafter", None)
     if own is None:
         return load(catalog.get(SMOLLM2_ID), dtype)
+    if not hasattr(own.model, "generate"):  # a lean drafter module: use its transformers form
+        return load(own.entry, dtype)
     return LoadedModel(own.entry, copy.deepcopy(own.model), own.tokenizer, 0.0)
 
 
@@ -330,8 +338,14 @@ def prompt_config(args: argparse.Namespace, index: int) -> GenerationConfig:
 
 
 def warm_up(method: Method) -> None:
-    """One short untimed generation: first-call overheads (allocations, lazy init) stay out."""
-    method.run(WARMUP_PROMPT, GenerationConfig(max_new_tokens=WARMUP_TOKENS))
+    """One short untimed generation: first-call overheads (allocations, lazy init) stay out.
+
+    It is also where a method that cannot run here fails, before any timing.
+    """
+    try:
+        method.run(WARMUP_PROMPT, GenerationConfig(max_new_tokens=WARMUP_TOKENS))
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise BenchError(f"method '{method.name}' cannot run: {type(exc).__name__}: {exc}") from exc
 
 
 def run_interleaved(
@@ -463,6 +477,9 @@ def build_report(
         "target": engine.target.entry.name,
         "target_id": engine.target.entry.id,
         "drafter": drafter,
+        "drafter_runtime": (
+            getattr(engine, "drafter_description", None) if "omnidraft" in by_name else None
+        ),
         "dtype": args.dtype,
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
@@ -533,8 +550,9 @@ def build_methods(
         warm_up(m)
     if "omnidraft" in made:
         made["omnidraft"].forwards_reliable = not shares_embeddings(engine)
+    # The drafter is named only when a method used it (the engine may load one anyway).
     drafter = getattr(getattr(engine, "drafter", None), "entry", None)
-    name = drafter.name if drafter else None
+    name = drafter.name if drafter and "omnidraft" in made else None
     if "uag" in args.methods:
         assistant = uag_drafter(engine, DTYPES[args.dtype], catalog)
         made["uag"] = Method("uag", hf_runner(engine.target, assistant))

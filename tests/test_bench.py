@@ -1,6 +1,7 @@
 """omnidraft-bench end to end on a tiny random model with the real SmolLM2 tokenizer."""
 
 import json
+from pathlib import Path
 
 import pytest
 from omnidraft.core import bench
@@ -8,12 +9,13 @@ from omnidraft.core.engine import Engine
 
 from tests.tiny import tiny_llama
 
+DEV_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
 PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is"]
 
 
-@pytest.fixture
-def tiny_target(tmp_path, smol_tok):
-    folder = tmp_path / "tiny-target"
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory, smol_tok):
+    folder = tmp_path_factory.mktemp("tiny-target")
     tiny_llama(len(smol_tok)).save_pretrained(folder)
     smol_tok.save_pretrained(folder)
     return folder
@@ -28,10 +30,13 @@ def prompts_file(tmp_path):
 
 
 def _run(args: list[str]) -> int:
+    # No `home` fixture: the bench runs in its own temporary OMNIDRAFT_HOME whose cache
+    # links to the session's, so the drafter the engine loads comes from .test-cache
+    # instead of being converted again for every test.
     return bench.main([str(a) for a in args])
 
 
-def test_target_and_hf_report(home, tiny_target, prompts_file, tmp_path, capsys):
+def test_target_and_hf_report(tiny_target, prompts_file, tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = _run(
         ["--target", tiny_target, "--prompts", prompts_file, "--limit", 2,
@@ -68,9 +73,7 @@ def test_target_and_hf_report(home, tiny_target, prompts_file, tmp_path, capsys)
     assert "target" in table and "hf" in table and "1.00x" in table
 
 
-def test_omnidraft_fails_clearly_without_speculative_decoding(
-    home, tiny_target, prompts_file, capsys
-):
+def test_omnidraft_fails_clearly_without_speculative_decoding(tiny_target, prompts_file, capsys):
     if bench.speculative_available(Engine()):
         pytest.skip("this build has speculative decoding")
     rc = _run(["--target", tiny_target, "--prompts", prompts_file, "--methods", "target,omnidraft"])
@@ -78,7 +81,7 @@ def test_omnidraft_fails_clearly_without_speculative_decoding(
     assert bench.NOT_AVAILABLE in capsys.readouterr().err
 
 
-def test_bad_inputs_are_reported_without_traceback(home, tiny_target, tmp_path, capsys):
+def test_bad_inputs_are_reported_without_traceback(tiny_target, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
     assert _run(["--target", tiny_target, "--prompts", bad, "--methods", "target"]) == 2
@@ -108,7 +111,7 @@ def test_temporary_home_links_the_real_cache_and_is_removed(home):
 
 
 def test_uag_with_a_different_vocabulary_drafter(
-    home, tiny_target, prompts_file, tmp_path, gemma_tok, monkeypatch
+    tiny_target, prompts_file, tmp_path, gemma_tok, monkeypatch
 ):
     from omnidraft.core.catalog import ModelEntry
     from omnidraft.core.loader import LoadedModel
@@ -145,3 +148,18 @@ def test_uag_gets_a_private_copy_of_the_engines_drafter(home):
     assert bench.shares_embeddings(engine)  # self-drafting: forward counts are not the target's
     copy = bench.uag_drafter(engine, None, None)
     assert copy.entry.name == "D" and copy.model is not model
+
+
+@pytest.mark.integration
+def test_omnidraft_on_gemma_is_lossless_when_greedy(tmp_path):
+    """Real cross-vocabulary run: greedy speculative output must equal plain output."""
+    out = tmp_path / "bench.json"
+    rc = _run(
+        ["--target", "gemma-3-270m", "--prompts", DEV_PROMPTS, "--limit", 1,
+         "--max-new-tokens", 12, "--methods", "target,omnidraft", "--json", out]
+    )  # fmt: skip
+    assert rc == 0
+    report = json.loads(out.read_text())
+    spec = report["methods"]["omnidraft"]
+    assert report["drafter"] and spec["acceptance_rate"] is not None
+    assert report["greedy_identical"] == 1.0, report["divergences"]
