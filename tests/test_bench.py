@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from omnidraft.core import bench
 from omnidraft.core.engine import Engine
+from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.sampling import GenerationConfig
 
 from tests.tiny import tiny_llama
 
@@ -73,12 +75,25 @@ def test_target_and_hf_report(tiny_target, prompts_file, tmp_path, capsys):
     assert "target" in table and "hf" in table and "1.00x" in table
 
 
-def test_omnidraft_fails_clearly_without_speculative_decoding(tiny_target, prompts_file, capsys):
-    if bench.speculative_available(Engine()):
-        pytest.skip("this build has speculative decoding")
+def test_omnidraft_fails_clearly_without_speculative_decoding(
+    tiny_target, prompts_file, capsys, monkeypatch
+):
+    monkeypatch.setattr(bench, "speculative_available", lambda engine: False)
     rc = _run(["--target", tiny_target, "--prompts", prompts_file, "--methods", "target,omnidraft"])
     assert rc == 2
     assert bench.NOT_AVAILABLE in capsys.readouterr().err
+
+
+def test_omnidraft_refuses_the_engines_plain_fallback():
+    class PlainOnly:  # an engine whose drafter failed to load decodes plainly
+        warnings = ("Drafting is off: no drafter",)
+
+        def complete(self, prompt, cfg, speculative=False):
+            yield TurnFinished("x", "length", TurnStats(method="target", new_tokens=1), [5])
+
+    run = bench.engine_runner(PlainOnly(), speculative=True)
+    with pytest.raises(bench.BenchError, match="decoded plainly.*no drafter"):
+        run("hi", GenerationConfig(max_new_tokens=1))
 
 
 def test_bad_inputs_are_reported_without_traceback(tiny_target, tmp_path, capsys):
