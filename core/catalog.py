@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -226,7 +227,7 @@ class ModelCatalog:
             if entry.id == id_or_path:
                 return entry
         candidate = Path(id_or_path).expanduser()
-        if candidate.exists():
+        if candidate.exists() or os.sep in id_or_path or id_or_path.endswith(".gguf"):
             for entry in self._user:
                 if Path(entry.path) == candidate.resolve():
                     return entry

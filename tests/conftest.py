@@ -15,6 +15,8 @@ TEST_CACHE = Path(os.environ.get("OMNIDRAFT_TEST_CACHE", ROOT / ".test-cache"))
 SHARED_EVAL = ROOT.parent / "shared" / "eval"
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Never touch a developer's real keyring from tests.
+os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.fail.Keyring"
 os.environ["OMNIDRAFT_HOME"] = tempfile.mkdtemp(prefix="omnidraft-test-home-")
 # Converted models are pure caches: share them across test runs.
 (TEST_CACHE / "models").mkdir(parents=True, exist_ok=True)
@@ -54,3 +56,18 @@ def home(tmp_path, monkeypatch):
     """A fresh, empty OMNIDRAFT_HOME for one test."""
     monkeypatch.setenv("OMNIDRAFT_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_drafter(smol_tok):
+    """Engines made in tests (and worker processes they spawn) draft with a tiny
+    random Llama instead of loading the real SmolLM2; tests of the real models
+    pass drafter_id explicitly."""
+    from tests.tiny import tiny_llama
+
+    folder = TEST_CACHE / "tiny-drafter"
+    if not (folder / "config.json").exists():
+        tiny_llama(len(smol_tok), seed=9).save_pretrained(folder)
+        smol_tok.save_pretrained(folder)
+    os.environ["OMNIDRAFT_DRAFTER"] = str(folder)
+    return folder

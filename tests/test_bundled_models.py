@@ -12,7 +12,7 @@ from omnidraft.core.sampling import GenerationConfig
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine()
+    return Engine(drafter_id=SMOLLM2_ID)
 
 
 @pytest.mark.smoke

@@ -1,0 +1,128 @@
+"""The drafter: one small model that drafts for any target.
+
+It keeps its own context of the conversation in its own vocabulary. After each
+verification the accepted text is re-tokenized with a short look-behind (the
+last few drafter tokens may merge differently once more text follows) and the
+drafter's KV cache is rolled back to the longest prefix that still agrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .lean_llama import LeanLlama
+from .sampling import GenerationConfig, probabilities
+
+LOOK_BEHIND = 3  # drafter tokens re-tokenized with each new piece of text
+
+
+@dataclass
+class DraftSettings:
+    k: int = 4  # drafter tokens per step
+    num_layers: int | None = None  # None = all of the drafter's layers
+    int8: bool = True  # weight-only int8 for the drafting steps (bf16 only)
+    # Stop drafting early once the drafter's own top probability falls below this.
+    min_confidence: float = 0.0
+
+
+@dataclass
+class Draft:
+    ids: list[int]  # drafter token ids
+    q: list[float]  # drafter probability of each chosen token
+    dists: list[torch.Tensor] | None  # full drafter distributions (sampling only)
+
+
+class Drafter:
+    def __init__(self, loaded, settings: DraftSettings | None = None, max_len: int = 16384):
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.settings = settings or DraftSettings()
+        self.special = set(self.tokenizer.all_special_ids)
+        self.net = LeanLlama(
+            loaded.model, num_layers=self.settings.num_layers, max_len=max_len, int8=self.settings.int8
+        )
+        self.cached: list[int] = []  # ids whose keys/values the net holds
+        self.context: list[int] = []  # prefix + reply tokens (the accepted text)
+        self.prefix: list[int] = []
+        self.reply_text = ""
+        self.reply_ids: list[int] = []
+        self._logits: torch.Tensor | None = None  # next-token logits after self.context
+
+    @property
+    def description(self) -> str:
+        n = self.settings.num_layers or self.loaded.model.config.num_hidden_layers
+        quant = "int8 weights" if self.net.int8 else str(self.net.dtype).replace("torch.", "")
+        return f"{self.loaded.entry.name}, {n} layers, {quant}, k={self.settings.k}"
+
+    # --------------------------------------------------------------- context
+    def start(self, prefix_ids: list[int]) -> None:
+        self.prefix = list(prefix_ids)
+        self.reply_text, self.reply_ids = "", []
+        self._set_context(self.prefix)
+
+    def sync_text(self, reply_text: str) -> None:
+        """Bring the context up to the accepted reply text (cross-vocabulary)."""
+        if reply_text.startswith(self.reply_text):
+            keep = max(0, len(self.reply_ids) - LOOK_BEHIND)
+            kept_text = self.tokenizer.decode(self.reply_ids[:keep])
+            if not reply_text.startswith(kept_text):
+                keep, kept_text = 0, ""
+        else:
+            keep, kept_text = 0, ""
+        tail = reply_text[len(kept_text):]
+        new_ids = self.tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []
+        self.reply_ids = self.reply_ids[:keep] + new_ids
+        self.reply_text = reply_text
+        self._set_context(self.prefix + self.reply_ids)
+
+    def sync_ids(self, reply_ids: list[int]) -> None:
+        """Same vocabulary: the target's tokens are the drafter's."""
+        self.reply_ids = list(reply_ids)
+        self._set_context(self.prefix + self.reply_ids)
+
+    def _set_context(self, ids: list[int]) -> None:
+        common = 0
+        limit = min(len(ids), len(self.cached))
+        while common < limit and ids[common] == self.cached[common]:
+            common += 1
+        if common == len(ids):  # nothing new: recompute the last position's logits
+            common -= 1
+        if common < 0:
+            self.net.reset()
+            self.cached, self.context, self._logits = [], [], None
+            return
+        self.net.rollback(common)
+        logits, _ = self.net.forward(ids[common:])
+        self._logits = logits[-1]
+        self.cached = list(ids)
+        self.context = list(ids)
+
+    # --------------------------------------------------------------- drafting
+    def draft(self, cfg: GenerationConfig, gen: torch.Generator | None, k: int | None = None) -> Draft:
+        """Up to k drafter tokens continuing the context (sampled like the target)."""
+        k = k or self.settings.k
+        out = Draft([], [], [] if not cfg.greedy else None)
+        logits = self._logits
+        if logits is None:
+            return out
+        for i in range(k):
+            if cfg.greedy:
+                probs = torch.softmax(logits.float(), -1)
+                tok = int(probs.argmax())
+            else:
+                probs = probabilities(logits, cfg)
+                tok = int(torch.multinomial(probs, 1, generator=gen))
+            if tok in self.special:
+                break
+            out.ids.append(tok)
+            out.q.append(float(probs[tok]))
+            if out.dists is not None:
+                out.dists.append(probs)
+            # The last drafted token needs no forward: nothing is drafted after it.
+            if i == k - 1 or float(probs.max()) < self.settings.min_confidence:
+                break
+            logits = self.net.forward([tok])[0][-1]
+            self.cached.append(tok)
+        return out

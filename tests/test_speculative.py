@@ -1,0 +1,138 @@
+"""Speculative decoding: lossless greedy against plain decoding (float32, tiny
+random models with the two real tokenizers), sampling, cancellation."""
+
+import pytest
+import torch
+
+from omnidraft.core.decoding import generate_plain
+from omnidraft.core.drafter import Drafter, DraftSettings
+from omnidraft.core.events import TokenChunk, TurnFinished
+from omnidraft.core.lean_llama import LeanLlama
+from omnidraft.core.loader import LoadedModel
+from omnidraft.core.catalog import ModelEntry
+from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.speculative import SpecOptions, generate_speculative
+from omnidraft.core.vocab_bridge import VocabBridge
+from tests.tiny import tiny_gemma3, tiny_llama
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "The snowflake fell. The snowflake fell. The",
+    "Ünïcödé ✓ 123 <end_of_turn> text",
+]
+
+
+def _drafter(model, tok, **settings):
+    loaded = LoadedModel(ModelEntry("tiny", "tiny drafter", ""), model, tok, 0.0)
+    return Drafter(loaded, DraftSettings(int8=False, **settings), max_len=512)
+
+
+def _run_spec(target, ttok, drafter, bridge, prompt, cfg, **opts):
+    ids = ttok(prompt)["input_ids"]
+    prefix = ids if bridge.same_vocab else drafter.tokenizer(prompt)["input_ids"]
+    events = list(generate_speculative(target, ttok, drafter, bridge, ids, prefix, cfg, set(), SpecOptions(**opts)))
+    done = events[-1]
+    assert isinstance(done, TurnFinished)
+    assert "".join(e.text for e in events if isinstance(e, TokenChunk)) == done.text
+    return done
+
+
+def _run_plain(target, ttok, prompt, cfg):
+    ids = ttok(prompt)["input_ids"]
+    return list(generate_plain(target, ttok, ids, cfg, set()))[-1]
+
+
+@pytest.fixture(scope="module")
+def cross(smol_tok, gemma_tok):
+    target = tiny_gemma3(len(gemma_tok), seed=1)
+    drafter = _drafter(tiny_llama(len(smol_tok), seed=2), smol_tok)
+    return target, drafter, VocabBridge(smol_tok, gemma_tok)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("lookup", [True, False])
+def test_cross_vocab_greedy_is_lossless(cross, gemma_tok, prompt, lookup):
+    target, drafter, bridge = cross
+    cfg = GenerationConfig(max_new_tokens=24)
+    plain = _run_plain(target, gemma_tok, prompt, cfg)
+    spec = _run_spec(target, gemma_tok, drafter, bridge, prompt, cfg, prompt_lookup=lookup)
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text
+    assert spec.stats.steps < spec.stats.new_tokens or spec.stats.accepted == 0
+
+
+def test_same_vocab_with_a_perfect_drafter_accepts_everything(smol_tok):
+    """Drafter = target weights: every proposal is the target's own choice."""
+    target = tiny_llama(len(smol_tok), seed=3)
+    drafter = _drafter(target, smol_tok, k=4)
+    bridge = VocabBridge(smol_tok, smol_tok)
+    assert bridge.same_vocab
+    cfg = GenerationConfig(max_new_tokens=21)
+    plain = _run_plain(target, smol_tok, PROMPTS[0], cfg)
+    spec = _run_spec(target, smol_tok, drafter, bridge, PROMPTS[0], cfg, prompt_lookup=False)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate == 1.0
+    assert spec.stats.tokens_per_step == pytest.approx(21 / spec.stats.steps)
+    assert spec.stats.steps <= 21 // 5 + 1
+
+
+def test_sampling_is_reproducible_and_stops_at_max_tokens(cross, gemma_tok):
+    target, drafter, bridge = cross
+    cfg = GenerationConfig(max_new_tokens=16, temperature=0.8, top_p=0.95, seed=11)
+    a = _run_spec(target, gemma_tok, drafter, bridge, PROMPTS[1], cfg)
+    b = _run_spec(target, gemma_tok, drafter, bridge, PROMPTS[1], cfg)
+    assert a.token_ids == b.token_ids
+    assert len(a.token_ids) == 16 and a.reason == "length"
+
+
+def test_speculative_sampling_matches_the_target_distribution(smol_tok):
+    """With a drafter that differs from the target, the first sampled token must
+    still follow the target's own distribution (the residual corrects it)."""
+    target = tiny_llama(len(smol_tok), seed=5)
+    drafter = _drafter(tiny_llama(len(smol_tok), seed=6), smol_tok, k=2)
+    bridge = VocabBridge(smol_tok, smol_tok)
+    ids = smol_tok("hello")["input_ids"]
+    cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0)
+    with torch.no_grad():
+        p = torch.softmax(target(torch.tensor([ids])).logits[0, -1].float(), -1)
+    top = p.topk(3).indices.tolist()
+    counts = dict.fromkeys(top, 0)
+    n = 400
+    for seed in range(n):
+        cfg.seed = seed
+        done = list(generate_speculative(target, smol_tok, drafter, bridge, ids, ids, cfg, set(), SpecOptions(k=2, prompt_lookup=False)))[-1]
+        if done.token_ids[0] in counts:
+            counts[done.token_ids[0]] += 1
+    for tok in top:  # within 4 standard deviations of the target's probability
+        expected = float(p[tok]) * n
+        assert abs(counts[tok] - expected) < 4 * (expected * (1 - float(p[tok]))) ** 0.5 + 2
+
+
+def test_cancel_stops_between_steps(cross, gemma_tok):
+    target, drafter, bridge = cross
+    ids = gemma_tok(PROMPTS[0])["input_ids"]
+    prefix = drafter.tokenizer(PROMPTS[0])["input_ids"]
+    seen = []
+    events = generate_speculative(
+        target, gemma_tok, drafter, bridge, ids, prefix, GenerationConfig(max_new_tokens=200), set(),
+        cancel=lambda: len(seen) >= 2,
+    )
+    for e in events:
+        seen.append(e)
+    assert seen[-1].reason == "cancelled"
+    assert len(seen[-1].token_ids) < 200
+
+
+def test_lean_forward_matches_transformers(smol_tok):
+    model = tiny_llama(len(smol_tok), seed=4, layers=3)
+    ids = torch.tensor(smol_tok(PROMPTS[0])["input_ids"])
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    lean = LeanLlama(model, max_len=256)
+    first, _ = lean.forward(ids[:10])
+    rest = [lean.forward(ids[i : i + 1])[0] for i in range(10, len(ids))]
+    got = torch.cat([first] + rest)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    lean.rollback(5)  # rolled back: recomputing from position 5 gives the same logits
+    again, _ = lean.forward(ids[5:])
+    torch.testing.assert_close(again, ref[5:], atol=1e-4, rtol=1e-4)

@@ -1,0 +1,94 @@
+"""The vocabulary bridge between the real SmolLM2 (byte-level BPE) and Gemma
+(SentencePiece) tokenizers."""
+
+import pytest
+
+from omnidraft.core.vocab_bridge import NgramCache, VocabBridge, align
+
+
+@pytest.fixture(scope="module")
+def bridge(smol_tok, gemma_tok):
+    return VocabBridge(smol_tok, gemma_tok, max_entries=1000)
+
+
+def _one(tok, piece):
+    return tok.convert_tokens_to_ids(piece)
+
+
+def test_direct_map_normalises_space_markers_and_bytes(bridge, smol_tok, gemma_tok):
+    assert bridge.direct(_one(smol_tok, "Ġreturn")) == _one(gemma_tok, "▁return")
+    assert bridge.direct(_one(smol_tok, "Ċ")) == _one(gemma_tok, "\n")
+    # A lone UTF-8 lead byte maps to Gemma's byte-fallback token for it.
+    lead = smol_tok.convert_tokens_to_ids("Ã")  # byte 0xC3 in GPT-2's byte alphabet
+    assert bridge.direct(lead) == _one(gemma_tok, "<0xC3>")
+    # A real token beats the byte-fallback token spelling the same byte.
+    assert bridge.direct(_one(smol_tok, "(")) == _one(gemma_tok, "(")
+
+
+def test_special_tokens_never_map(bridge, smol_tok):
+    for special in smol_tok.all_special_ids:
+        assert bridge.direct(special) == -1
+    assert bridge.propose([smol_tok.convert_tokens_to_ids("<|im_end|>")]).target_ids == []
+
+
+def test_ngram_learned_from_accepted_text_fixes_false_rejections(smol_tok, gemma_tok):
+    bridge = VocabBridge(smol_tok, gemma_tok)
+    text = " snowflake"
+    drafted = smol_tok(text, add_special_tokens=False)["input_ids"]
+    target = gemma_tok(text, add_special_tokens=False)["input_ids"]
+    assert len(drafted) >= 2 and len(target) == 1
+    # Without the cache the pieces map one by one and the target rejects them.
+    assert bridge.propose(drafted).target_ids != target
+    assert bridge.learn_text(target) >= 1
+    merged = bridge.propose(drafted)
+    assert merged.target_ids == target and merged.ngram_hits == 1
+    assert merged.spans == [tuple(range(len(drafted)))]
+
+
+def test_indentation_runs_with_different_boundaries_are_learned(smol_tok, gemma_tok):
+    bridge = VocabBridge(smol_tok, gemma_tok)
+    text = "\n    return x"
+    target = gemma_tok(text, add_special_tokens=False)["input_ids"]
+    bridge.learn_text(target)
+    drafted = smol_tok(text, add_special_tokens=False)["input_ids"]
+    assert bridge.propose(drafted).target_ids == target
+
+
+def test_longest_match_wins():
+    cache = NgramCache()
+    cache.add((1, 2), (10,))
+    cache.add((1, 2, 3), (20,))
+    assert cache.match([1, 2, 3, 4], 0) == (3, (20,))
+    assert cache.match([1, 2, 4], 0) == (2, (10,))
+    assert cache.match([5], 0) is None
+
+
+def test_lru_eviction_keeps_recently_used_entries():
+    cache = NgramCache(max_entries=2)
+    cache.add((1, 2), (10,))
+    cache.add((3, 4), (11,))
+    cache.match([1, 2], 0)  # touch (1, 2)
+    cache.add((5, 6), (12,))
+    assert (1, 2) in cache.entries and (3, 4) not in cache.entries and len(cache) == 2
+
+
+def test_cache_saves_and_restores(tmp_path):
+    cache = NgramCache(max_entries=5)
+    cache.add((1, 2), (10,))
+    cache.add((3, 4, 5), (11, 12))
+    cache.save(tmp_path / "c.json")
+    back = NgramCache.load(tmp_path / "c.json", max_entries=5)
+    assert back.entries == cache.entries and back.longest == 3
+
+
+def test_align_splits_at_shared_boundaries():
+    a = [b"ab", b"c", b"de"]
+    b = [b"a", b"bc", b"d", b"e"]
+    assert list(align(a, [1, 2, 3], b, [7, 8, 9, 10])) == [((1, 2), (7, 8)), ((3,), (9, 10))]
+
+
+def test_same_vocabulary_is_detected(smol_tok):
+    bridge = VocabBridge(smol_tok, smol_tok)
+    assert bridge.same_vocab
+    ids = smol_tok("hello world", add_special_tokens=False)["input_ids"]
+    assert bridge.propose(ids).target_ids == ids
