@@ -96,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--methods", default=",".join(METHODS), help="comma list of " + ",".join(METHODS)
     )
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="drafter catalog id or Llama model path (default: the engine's; "
+        f"OMNIDRAFT_DRAFTER or {SMOLLM2_ID})",
+    )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     p.add_argument(
@@ -278,7 +284,9 @@ def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None) -> Runn
     return run
 
 
-def uag_drafter(engine: Engine, dtype: torch.dtype, catalog: ModelCatalog) -> LoadedModel:
+def uag_drafter(
+    engine: Engine, dtype: torch.dtype, catalog: ModelCatalog, drafter_id: str | None = None
+) -> LoadedModel:
     """The engine's drafter when it has one, else the bundled SmolLM2; always a private copy.
 
     transformers prunes the assistant's LM head in place when sampling and keeps
@@ -287,7 +295,7 @@ def uag_drafter(engine: Engine, dtype: torch.dtype, catalog: ModelCatalog) -> Lo
     """
     own = getattr(engine, "drafter", None)
     if own is None:
-        return load(catalog.get(SMOLLM2_ID), dtype)
+        return load(catalog.get(drafter_id or SMOLLM2_ID), dtype)
     if not hasattr(own.model, "generate"):  # a lean drafter module: use its transformers form
         return load(own.entry, dtype)
     return LoadedModel(own.entry, copy.deepcopy(own.model), own.tokenizer, 0.0)
@@ -554,16 +562,23 @@ def build_methods(
     drafter = getattr(getattr(engine, "drafter", None), "entry", None)
     name = drafter.name if drafter and "omnidraft" in made else None
     if "uag" in args.methods:
-        assistant = uag_drafter(engine, DTYPES[args.dtype], catalog)
+        assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
         made["uag"] = Method("uag", hf_runner(engine.target, assistant))
         warm_up(made["uag"])
         name = name or assistant.entry.name
     return [made[m] for m in args.methods], name
 
 
+def make_engine(args: argparse.Namespace, catalog: ModelCatalog) -> Engine:
+    if args.drafter and "drafter_id" not in inspect.signature(Engine).parameters:
+        raise BenchError(f"--drafter: {NOT_AVAILABLE}")
+    extra = {"drafter_id": args.drafter} if args.drafter else {}
+    return Engine(catalog, DTYPES[args.dtype], **extra)
+
+
 def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
     prompts = read_prompts(args.prompts, args.limit)
-    engine = Engine(catalog, DTYPES[args.dtype])
+    engine = make_engine(args, catalog)
     if "omnidraft" in args.methods and not speculative_available(engine):
         raise BenchError(f"method 'omnidraft': {NOT_AVAILABLE}")
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
