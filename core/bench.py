@@ -378,7 +378,12 @@ def engine_totals(outputs: list[Output]) -> dict | None:
     if not stats:
         return None
     total = TurnStats(method=stats[0].method)
-    counters = [f.name for f in fields(TurnStats) if f.name != "method"]  # all additive
+    counters = [  # the additive ones: counts and seconds
+        f.name
+        for f in fields(TurnStats)
+        if isinstance(getattr(total, f.name), int | float)
+        and not isinstance(getattr(total, f.name), bool)
+    ]
     for s in stats:
         for key in counters:
             setattr(total, key, getattr(total, key) + getattr(s, key))

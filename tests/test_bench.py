@@ -183,3 +183,22 @@ def test_omnidraft_on_gemma_is_lossless_when_greedy(tmp_path):
     spec = report["methods"]["omnidraft"]
     assert report["drafter"] and spec["acceptance_rate"] is not None
     assert report["greedy_identical"] == 1.0, report["divergences"]
+
+
+def test_state_dir_is_kept_and_reuses_the_cache(home, tmp_path):
+    from omnidraft.core import paths
+
+    real_cache = paths.cache_dir()
+    state = tmp_path / "state"
+    with bench.bench_home(state):
+        assert paths.data_dir() == state / "data"
+        assert paths.cache_dir().resolve() == real_cache.resolve()
+    assert (state / "data").is_dir() and paths.data_dir().parent == home
+
+
+def test_engine_totals_add_up_turns():
+    a = TurnStats(method="omnidraft", new_tokens=4, seconds=1.0, steps=2, proposed=6, accepted=3)
+    b = TurnStats(method="omnidraft", new_tokens=2, seconds=0.5, steps=1, proposed=2, accepted=1)
+    outs = [bench.Output([1], 1.0, 1, a), bench.Output([1], 1.0, 1, b)]
+    total = bench.engine_totals(outs)
+    assert total["new_tokens"] == 6 and total["proposed"] == 8 and total["acceptance_rate"] == 0.5
