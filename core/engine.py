@@ -60,7 +60,11 @@ class Engine:
     def drafter_description(self) -> str | None:
         return self._drafter.description if self._drafter else None
 
-    def load_target(self, id_or_path: str, progress: Progress = _no_progress) -> ModelEntry:
+    def load_target(
+        self, id_or_path: str, progress: Progress = _no_progress, measure_baseline: bool = True
+    ) -> ModelEntry:
+        """Load a target (the previous one stays if this fails) and measure its
+        plain speed here, the reference every reply's speedup is reported against."""
         entry = self.catalog.get(id_or_path)
         loaded = load(entry, self.dtype, progress)
         self._save_state()
@@ -73,6 +77,9 @@ class Engine:
             self.bridge.cache = self._load_ngram_cache(entry.id)
         except ModelError as exc:  # the app still works, without speculation
             self.warnings.append(f"Drafting is off: {exc}")
+        if measure_baseline:
+            progress(f"Measuring {entry.name}'s plain speed", 0.99)
+            self.measure_baseline()
         progress(f"{entry.name} ready", 1.0)
         return entry
 
@@ -193,6 +200,15 @@ class Engine:
         for _ in self.complete(BASELINE_PROMPT, cfg, cancel):
             pass  # _after_turn folds the finished turn into the baseline
         return self.baseline_tokens_per_s
+
+    def reset_personalization(self, model_id: str) -> None:
+        """Forget what was learned for one target: its n-gram cache (and adapter and
+        replay buffer, which live in the same folder)."""
+        import shutil
+
+        shutil.rmtree(self.state_dir(model_id), ignore_errors=True)
+        if self.target is not None and self.target.entry.id == model_id and self.bridge is not None:
+            self.bridge.cache = NgramCache(self.bridge.cache.max_entries)
 
     # ------------------------------------------------------------------ settings
     def apply_settings(self, settings) -> None:

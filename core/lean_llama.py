@@ -81,14 +81,23 @@ class LeanLlama:
         self.length = min(self.length, length)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(self.dtype)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
+
+    def _attend(self, q, k, v, mask):
+        """Grouped-query attention. For one new token the query heads that share a
+        key/value head are stacked as rows of one query, so keys/values are never
+        copied per query head (SDPA's enable_gqa path does copy them)."""
+        hq, n, d = q.shape
+        hk = k.shape[0]
+        if n == 1:
+            out = F.scaled_dot_product_attention(q.view(1, hk, hq // hk, d), k[None], v[None])
+            return out.view(hq, 1, d)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
     @torch.inference_mode()
     def forward(self, ids: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,9 +125,7 @@ class LeanLlama:
             cache = self.kv[layer]
             cache[0, :, start:end] = k
             cache[1, :, start:end] = v.view(n, hk, d).transpose(0, 1)
-            att = F.scaled_dot_product_attention(
-                q, cache[0, :, :end], cache[1, :, :end], attn_mask=mask, enable_gqa=True
-            )
+            att = self._attend(q, cache[0, :, :end], cache[1, :, :end], mask)
             x = x + mm(att.transpose(0, 1).reshape(n, hq * d), wo)
             gate, up = mm(self._norm(x, ln2), wgu).chunk(2, dim=-1)
             x = x + mm(F.silu(gate) * up, wd)

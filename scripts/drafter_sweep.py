@@ -1,0 +1,122 @@
+"""Drafter candidates on this machine: cost ratio c and end-to-end speedup.
+
+For each candidate (layers kept, int8 or bf16 weights, draft length k, prompt
+lookup on/off) it measures, in one process and interleaved prompt by prompt:
+  c            = one drafter step / one plain target step (median of timed steps)
+  acceptance   = accepted / proposed target tokens
+  tokens/step  = new tokens per target forward
+  speedup      = omnidraft tokens/s / plain target tokens/s on the same prompts
+Usage: python scripts/drafter_sweep.py --target gemma-3-270m --prompts ../shared/eval/dev.jsonl \
+          --limit 8 --max-new-tokens 64 [--json docs/drafter_sweep.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from omnidraft.core.decoding import forward
+from omnidraft.core.drafter import Drafter, DraftSettings
+from omnidraft.core.engine import Engine
+from omnidraft.core.events import TurnFinished
+from omnidraft.core.sampling import GenerationConfig
+
+CANDIDATES = [
+    # (layers, int8, k, prompt lookup)
+    (30, False, 4, False),
+    (30, True, 4, False),
+    (30, True, 4, True),
+    (30, True, 3, True),
+    (30, True, 6, True),
+    (16, True, 4, True),
+    (8, True, 4, True),
+]
+
+
+def step_ms(fn, n=15) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def target_step_ms(engine: Engine) -> float:
+    model = engine.target.model
+    cache = DynamicCache()
+    forward(model, list(range(100, 228)), cache)
+
+    def one():
+        forward(model, [7], cache)
+        cache.crop(-1)
+
+    return step_ms(one)
+
+
+def drafter_step_ms(drafter: Drafter) -> float:
+    drafter.start(list(range(100, 228)))
+
+    def one():
+        drafter.net.forward([7])
+        drafter.net.rollback(128)
+
+    return step_ms(one)
+
+
+def run(engine: Engine, prompts: list[str], cfg: GenerationConfig, speculative: bool):
+    tokens = seconds = proposed = accepted = steps = 0
+    outputs = []
+    for p in prompts:
+        done = [e for e in engine.complete(p, cfg, speculative=speculative) if isinstance(e, TurnFinished)][0]
+        s = done.stats
+        tokens, seconds = tokens + s.new_tokens, seconds + s.seconds
+        proposed, accepted, steps = proposed + s.proposed, accepted + s.accepted, steps + s.steps
+        outputs.append(done.token_ids)
+    return tokens / seconds, (accepted / proposed if proposed else None), tokens / max(steps, 1), outputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="gemma-3-270m")
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    prompts = [json.loads(line)["prompt"] for line in open(args.prompts)][: args.limit]
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    engine = Engine()
+    engine.load_target(args.target)
+    rows = []
+    for layers, int8, k, lookup in CANDIDATES:
+        settings = DraftSettings(k=k, num_layers=layers, int8=int8)
+        engine._drafter = Drafter(engine.drafter, settings)
+        engine.spec_options.k = k
+        engine.spec_options.prompt_lookup = lookup
+        engine.bridge.cache.entries.clear()  # every candidate starts with an empty n-gram cache
+        c = drafter_step_ms(engine._drafter) / target_step_ms(engine)
+        plain_tps, _, _, plain_out = run(engine, prompts, cfg, False)
+        spec_tps, acc, tps, spec_out = run(engine, prompts, cfg, True)
+        same = sum(a == b for a, b in zip(plain_out, spec_out)) / len(prompts)
+        row = dict(layers=layers, int8=int8, k=k, prompt_lookup=lookup, c=round(c, 3),
+                   acceptance=acc and round(acc, 3), tokens_per_step=round(tps, 2),
+                   plain_tokens_per_s=round(plain_tps, 2), omnidraft_tokens_per_s=round(spec_tps, 2),
+                   speedup=round(spec_tps / plain_tps, 3), greedy_identical=same)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": args.target, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                       "threads": torch.get_num_threads(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
