@@ -84,10 +84,9 @@ def stop_token_ids(tokenizer, model_config=None) -> set[int]:
             ids.add(extra)
         elif extra:
             ids.update(int(x) for x in extra)
-    vocab = tokenizer.get_vocab()
+    # added_tokens_encoder is small; get_vocab() would build Gemma's 262k-entry dict.
+    added = getattr(tokenizer, "added_tokens_encoder", {})
     for s in TURN_END_STRINGS:
-        if s in vocab and s in tokenizer.all_special_tokens + list(
-            getattr(tokenizer, "added_tokens_encoder", {})
-        ):
-            ids.add(vocab[s])
+        if s in added:
+            ids.add(added[s])
     return ids

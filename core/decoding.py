@@ -92,10 +92,12 @@ def _merge(chunks: list[TokenChunk]) -> list[TokenChunk]:
 
 
 @torch.inference_mode()
-def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """Logits [len(ids), vocab] for ids appended after what the cache holds."""
+def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache, last: int = 0) -> torch.Tensor:
+    """Logits for ids appended after what the cache holds: [len(ids), vocab], or
+    only the last `last` rows (a prompt needs just one; Gemma's 262k-word head
+    over every prompt position would cost more than the rest of the model)."""
     x = torch.as_tensor(ids, dtype=torch.long).view(1, -1)
-    out = model(input_ids=x, cache=cache, use_cache=True)
+    out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=last)
     return out.logits[0]
 
 
@@ -112,7 +114,7 @@ def generate_plain(
     gen = cfg.generator()
     start = time.perf_counter()
     cache = DynamicCache()
-    logits = forward(model, prompt_ids, cache)[-1]
+    logits = forward(model, prompt_ids, cache, last=1)[-1]
     while not cancel():
         tok = pick(logits, cfg, gen)
         yield from stream.push([tok])

@@ -78,7 +78,7 @@ def generate_speculative(
     cache = DynamicCache()
     cache.activate_past_recording()  # lets sliding-window layers roll back too
     if len(prompt_ids) > 1:
-        forward(target, prompt_ids[:-1], cache)
+        forward(target, prompt_ids[:-1], cache, last=1)
         cache.crop(0)
     pending = prompt_ids[-1]
     context = list(prompt_ids)  # target ids: prompt + accepted reply
