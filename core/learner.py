@@ -1,0 +1,254 @@
+"""Online hybrid distillation of the drafter toward one target (OMNIDRAFT.md §2).
+
+Schedule (the paper's): served turns collect in the replay buffer; a pass
+trains once on every sample that was in the buffer when the pass began, in
+batches of 8 (one AdamW step per batch), then those samples are dropped.
+Each sample costs one target forward (no grad: its logits are recomputed, not
+stored) and one drafter forward + backward through the target's LoRA adapter.
+
+Training runs while the user is idle and must give way at once when a request
+arrives: should_stop() is checked between samples and, through hooks on every
+decoder layer of both models, inside the forward and backward passes. An
+interrupted step discards its partial gradients and changes no parameter; its
+samples are retried by the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .adapters import AdapterStore
+from .distillation import LAMBDA, clip_sample, hybrid_loss
+from .replay_buffer import ReplayBuffer, Sample
+from .vocab_bridge import VocabBridge
+
+StopCheck = Callable[[], bool]
+
+
+class _Interrupted(Exception):
+    """should_stop() said yes in the middle of a step."""
+
+
+class Learner:
+    def __init__(
+        self,
+        drafter_model,
+        target_model,
+        bridge: VocabBridge,
+        buffer: ReplayBuffer,
+        adapters: AdapterStore,
+        target_id: str,
+        lr: float = 1e-4,
+        weight_decay: float = 0.01,
+        batch_size: int = 8,
+        lam: float = LAMBDA,
+        threads: int = 1,
+        max_prompt_tokens: int = 1024,
+        max_reply_tokens: int = 256,
+    ):
+        if drafter_model is not adapters.base_model:
+            raise ValueError("the learner trains the drafter the AdapterStore wraps")
+        self.drafter_model = drafter_model
+        self.target_model = target_model
+        self.bridge = bridge
+        self.buffer = buffer
+        self.adapters = adapters
+        self.target_id = target_id
+        self.lr, self.weight_decay = lr, weight_decay
+        self.batch_size, self.lam, self.threads = batch_size, lam, threads
+        # Bound one sample's cost (and the 262k-wide target logits' memory).
+        self.max_prompt_tokens, self.max_reply_tokens = max_prompt_tokens, max_reply_tokens
+        saved = adapters.meta(target_id)
+        self.steps = int(saved.get("steps", 0))  # optimizer steps ever, for this target
+        self.samples = int(saved.get("samples", 0))  # samples ever trained on
+        self.updates = 0  # optimizer steps in this session (tests watch it)
+        self.warnings: list[str] = []
+        self._optimizer: torch.optim.AdamW | None = None
+        self._pass: set[int] = set()  # seqs of the samples the current pass covers
+        self._done: set[int] = set()  # ... and those already trained in it
+
+    # ------------------------------------------------------------ training
+    def step(self, should_stop: StopCheck = lambda: False) -> dict | None:
+        """Train on up to batch_size samples of the current pass; one optimizer step.
+
+        Returns progress ({steps, samples, loss, dm, ngram, acceptance_estimate,
+        greedy_match, buffered, pass_done, interrupted}; the loss terms and
+        acceptance figures are this batch's, measured before its update), or
+        None when the buffer holds nothing to train on."""
+        batch = self._next_batch()
+        if not batch:
+            return None
+        model = self.adapters.activate(self.target_id)
+        optimizer = self._optimizer_for_adapter()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        hooks = _stop_hooks(self.drafter_model, should_stop) + _stop_hooks(self.target_model, should_stop)
+        try:
+            optimizer.zero_grad(set_to_none=True)
+            totals = self._accumulate(model, batch, should_stop)
+            if totals["used"]:
+                for p in self.adapters.parameters(self.target_id):
+                    if p.grad is not None:
+                        p.grad /= totals["used"]  # the batch mean of the per-sample losses
+                optimizer.step()
+                self.steps += 1
+                self.updates += 1
+        except _Interrupted:
+            optimizer.zero_grad(set_to_none=True)
+            return {**self.progress(), "interrupted": True, "pass_done": False}
+        finally:
+            for h in hooks:
+                h.remove()
+            torch.set_num_threads(threads)
+        optimizer.zero_grad(set_to_none=True)
+        self.samples += len(batch)
+        self._done |= {s.seq for s in batch}
+        pass_done = not self._todo()
+        if pass_done:
+            self._finish_pass()
+        return {**self.progress(), **_means(totals), "interrupted": False, "pass_done": pass_done}
+
+    def _accumulate(self, model, batch: list[Sample], should_stop: StopCheck) -> dict:
+        """Backward of each sample's loss (so only one graph is alive at a time)."""
+        totals = {"used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
+                  "acceptance_estimate": 0.0, "greedy_match": 0.0}
+        for sample in batch:
+            if should_stop():
+                raise _Interrupted
+            loss, stats = self.sample_loss(model, sample)
+            if stats["n_dm"] + stats["n_ngram"] == 0:
+                continue  # nothing aligned (e.g. an empty reply): nothing to learn
+            loss.backward()
+            totals["used"] += 1
+            totals["loss"] += float(loss.detach())
+            if stats["n_dm"]:  # per-sample means, over the samples that have the term
+                totals["n_dm"] += 1
+                totals["dm"] += stats["dm"]
+                totals["acceptance_estimate"] += stats["acceptance_estimate"]
+                totals["greedy_match"] += stats["greedy_match"]
+            if stats["n_ngram"]:
+                totals["n_ngram"] += 1
+                totals["ngram"] += stats["ngram"]
+        return totals
+
+    def sample_loss(self, model, sample: Sample) -> tuple[torch.Tensor, dict]:
+        """The hybrid loss of one (clipped) sample: target forward without grad,
+        drafter forward with grad; logits only from the last prompt position on."""
+        s = clip_sample(sample, self.bridge, self.max_prompt_tokens, self.max_reply_tokens)
+        t_keep, t_offset = _kept_rows(len(s.target_ids), s.target_prompt_len)
+        d_keep, d_offset = _kept_rows(len(s.drafter_ids), s.drafter_prompt_len)
+        if (not s.target_reply or not s.drafter_reply or t_keep == 0 or d_keep == 0
+                or not _in_vocab(s.target_ids, self.target_model)
+                or not _in_vocab(s.drafter_ids, self.drafter_model)):
+            empty = torch.zeros((), requires_grad=True)
+            return empty, {"dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
+                           "acceptance_estimate": None, "greedy_match": None}
+        with torch.no_grad():
+            t_logits = self.target_model(
+                input_ids=torch.tensor([s.target_ids]), use_cache=False, logits_to_keep=t_keep
+            ).logits[0]
+        d_logits = model(
+            input_ids=torch.tensor([s.drafter_ids]), use_cache=False, logits_to_keep=d_keep
+        ).logits[0]
+        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset)
+
+    # ------------------------------------------------------------ passes
+    def _next_batch(self) -> list[Sample]:
+        todo = self._todo()
+        if not todo:  # a new pass: every sample the buffer holds now
+            self._pass = {s.seq for s in self.buffer.samples()}
+            self._done = set()
+            todo = self._todo()
+        return todo[: self.batch_size]
+
+    def _todo(self) -> list[Sample]:
+        """The current pass's untrained samples still in the buffer (it is bounded,
+        so new turns may have pushed some out)."""
+        return [s for s in self.buffer.samples() if s.seq in self._pass and s.seq not in self._done]
+
+    def _finish_pass(self) -> None:
+        """Drop the pass's samples and save: the adapter first, so a crash in
+        between retrains some samples rather than losing what they taught."""
+        self.buffer.remove(self._pass)
+        self._pass, self._done = set(), set()
+        try:
+            self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples})
+            self.buffer.save()
+        except OSError as exc:
+            self.warnings.append(f"What the drafter learned could not be saved: {exc}")
+
+    def progress(self) -> dict:
+        return {"steps": self.steps, "samples": self.samples, "buffered": len(self.buffer)}
+
+    # ------------------------------------------------------------ optimizer
+    def _optimizer_for_adapter(self) -> torch.optim.AdamW:
+        """One AdamW per target, rebuilt only if the adapter was reset (new tensors)."""
+        params = self.adapters.parameters(self.target_id)
+        current = self._optimizer.param_groups[0]["params"] if self._optimizer else []
+        if len(current) != len(params) or any(a is not b for a, b in zip(current, params)):
+            self._optimizer = torch.optim.AdamW(
+                params, lr=self.lr, betas=(0.9, 0.999), weight_decay=self.weight_decay
+            )
+        return self._optimizer
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return self.adapters.lora_state(self.target_id)
+
+    def lora_params_changed(self, snapshot: dict[str, torch.Tensor]) -> bool:
+        """Whether the adapter's weights differ from an earlier snapshot()."""
+        now = self.adapters.lora_state(self.target_id)
+        return now.keys() != snapshot.keys() or any(
+            not torch.equal(now[k], snapshot[k]) for k in now
+        )
+
+
+def _in_vocab(ids: list[int], model) -> bool:
+    """A sample saved for another model must not crash (or block) the learner."""
+    return max(ids, default=0) < model.get_input_embeddings().num_embeddings
+
+
+def _kept_rows(length: int, prompt_len: int) -> tuple[int, int]:
+    """(how many last logits rows to compute, the position of the first): from the
+    last prompt position, which predicts the first reply token."""
+    keep = min(length, length - prompt_len + 1)
+    return keep, length - keep
+
+
+def _means(totals: dict) -> dict:
+    def mean(key: str, count: str) -> float | None:
+        return totals[key] / totals[count] if totals[count] else None
+
+    return {
+        "loss": mean("loss", "used"),
+        "dm": mean("dm", "n_dm"),
+        "ngram": mean("ngram", "n_ngram"),
+        "acceptance_estimate": mean("acceptance_estimate", "n_dm"),
+        "greedy_match": mean("greedy_match", "n_dm"),
+    }
+
+
+def _stop_hooks(model, should_stop: StopCheck) -> list:
+    """Forward hooks on every decoder layer that raise _Interrupted when
+    should_stop() says so, and, on outputs that carry grad, backward hooks that
+    do the same, so neither a long forward nor a long backward delays a request."""
+
+    def check_grad(grad):
+        if should_stop():
+            raise _Interrupted
+        return grad
+
+    def after_layer(module, args, output):
+        if should_stop():
+            raise _Interrupted
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(check_grad)
+
+    return [layer.register_forward_hook(after_layer) for layer in _decoder_layers(model)]
+
+
+def _decoder_layers(model) -> torch.nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return decoder.layers

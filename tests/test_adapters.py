@@ -1,0 +1,163 @@
+"""Per-target LoRA adapters on one shared tiny drafter."""
+
+import time
+
+import pytest
+import torch
+from omnidraft.core.adapters import AdapterStore, adapter_name, folder_name
+
+from tests.tiny import tiny_llama
+
+VOCAB = 512
+IDS = torch.tensor([[5, 17, 33, 250, 7, 99]])
+
+
+def _base(dtype=torch.float32):
+    return tiny_llama(VOCAB, seed=11, dtype=dtype)
+
+
+def _forward(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=IDS, use_cache=False).logits[0].float()
+
+
+def _perturb(store: AdapterStore, target_id: str, seed: int) -> None:
+    """Stand-in for training: random non-zero LoRA weights (B starts at zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in store.parameters(target_id):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return AdapterStore(tmp_path / "adapters", _base(), rank=4, alpha=8)
+
+
+def test_adapters_are_independent(store):
+    plain = _forward(_base())
+    a = _forward(store.activate("gemma-3-270m"))
+    assert torch.allclose(a, plain, atol=1e-6)  # a new adapter starts as the identity
+    _perturb(store, "gemma-3-270m", seed=1)
+    a = _forward(store.activate("gemma-3-270m"))
+    b = _forward(store.activate("qwen"))
+    assert not torch.allclose(a, plain, atol=1e-3)
+    assert torch.allclose(b, plain, atol=1e-6)
+    _perturb(store, "qwen", seed=2)
+    b = _forward(store.activate("qwen"))
+    assert torch.allclose(_forward(store.activate("gemma-3-270m")), a, atol=1e-6)
+    assert not torch.allclose(a, b, atol=1e-3)
+    # Only the active adapter trains.
+    trainable = {n for n, p in store.peft.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, p in store.peft.named_parameters() if f".{adapter_name('gemma-3-270m')}." in n}
+
+
+def test_save_restore_roundtrip(tmp_path, store):
+    store.activate("gemma-3-270m")
+    _perturb(store, "gemma-3-270m", seed=3)
+    before = store.lora_state("gemma-3-270m")
+    out = _forward(store.peft)
+    store.save("gemma-3-270m", {"steps": 7})
+    assert not list((tmp_path / "adapters").glob(".*"))  # no temporary or old copy left
+    fresh = AdapterStore(tmp_path / "adapters", _base(), rank=4, alpha=8)
+    assert fresh.has_saved("gemma-3-270m") and fresh.meta("gemma-3-270m")["steps"] == 7
+    model = fresh.activate("gemma-3-270m")
+    after = fresh.lora_state("gemma-3-270m")
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert torch.allclose(_forward(model), out, atol=1e-6)
+    store.save("gemma-3-270m")  # saving over an existing adapter
+    assert store.meta("gemma-3-270m")["steps"] == 7  # counters kept unless given
+
+
+def test_crash_between_renames_keeps_the_old_adapter(tmp_path, store):
+    root = tmp_path / "adapters"
+    store.activate("t")
+    _perturb(store, "t", seed=4)
+    store.save("t")
+    saved = store.lora_state("t")
+    (root / "t").rename(root / ".t.old")  # as if the process died mid-save
+    (root / ".t.x.tmp").mkdir()  # and an unfinished temporary folder
+    fresh = AdapterStore(root, _base(), rank=4, alpha=8)
+    assert not (root / ".t.x.tmp").exists()
+    fresh.activate("t")
+    assert all(torch.equal(fresh.lora_state("t")[k], saved[k]) for k in saved)
+
+
+def test_damaged_adapter_starts_over(tmp_path, store):
+    root = tmp_path / "adapters"
+    store.activate("t")
+    store.save("t")
+    (root / "t" / "adapter_model.safetensors").write_bytes(b"garbage")
+    fresh = AdapterStore(root, _base(), rank=4, alpha=8)
+    model = fresh.activate("t")
+    assert fresh.warnings and "t.corrupt" in fresh.warnings[0]
+    assert (root / "t.corrupt").exists()
+    assert torch.allclose(_forward(model), _forward(_base()), atol=1e-6)
+
+
+def test_reset_deletes(tmp_path, store):
+    store.activate("t")
+    _perturb(store, "t", seed=5)
+    store.save("t")
+    store.reset("t")
+    assert not store.has_saved("t") and not store.is_loaded("t")
+    assert not (tmp_path / "adapters" / "t").exists()
+    # The next use starts from scratch: the identity again.
+    assert torch.allclose(_forward(store.activate("t")), _forward(_base()), atol=1e-6)
+
+
+def test_merged_state_matches_the_adapter_forward(store):
+    store.activate("other")
+    _perturb(store, "other", seed=6)
+    store.activate("t")
+    _perturb(store, "t", seed=7)
+    base_before = {k: v.clone() for k, v in _base().state_dict().items()}
+    expected = _forward(store.activate("t"))
+    merged = store.merged_state("t")
+    assert len(merged) == 7 * 2  # q/k/v/o/gate/up/down of both layers
+    rebuilt = _base()
+    _, unexpected = rebuilt.load_state_dict(merged, strict=False)
+    assert not unexpected
+    assert torch.allclose(_forward(rebuilt), expected, atol=1e-5)
+    # Nothing changed in place: the base weights and the active adapter.
+    wrapped = store.peft.base_model.model
+    for name in merged:
+        assert torch.equal(wrapped.get_parameter(name.replace(".weight", ".base_layer.weight")),
+                           base_before[name])
+    assert store.active == "t" and store.peft.active_adapter == adapter_name("t")
+    assert torch.allclose(_forward(store.peft), expected)
+
+
+def test_bf16_base_trains_fp32_lora(tmp_path):
+    store = AdapterStore(tmp_path / "a", _base(torch.bfloat16), rank=4, alpha=8)
+    store.activate("t")
+    assert all(p.dtype == torch.float32 for p in store.parameters("t"))
+    assert all(p.dtype == torch.bfloat16 for p in store.merged_state("t").values())
+
+
+def test_switching_is_fast(store):
+    for t in ("a", "b", "c"):
+        store.activate(t)
+    start = time.perf_counter()
+    for _ in range(10):
+        for t in ("a", "b", "c"):
+            store.activate(t)
+    per_switch = (time.perf_counter() - start) / 30
+    assert per_switch < 0.05
+
+
+def test_odd_target_ids(tmp_path, store):
+    assert folder_name("gemma-3-270m") == "gemma-3-270m"
+    odd = folder_name("/home/me/models/My.Model v2.gguf")
+    assert "/" not in odd and "." not in odd and " " not in odd
+    assert odd != folder_name("/home/me/models/My_Model v2.gguf")
+    # 'a' is inside peft's parameter prefix 'lora_'; the prefixed name keeps it safe.
+    for target in ("a", "/home/me/models/My.Model v2.gguf"):
+        store.activate(target)
+        _perturb(store, target, seed=8)
+        store.save(target)
+        saved = store.lora_state(target)
+        fresh = AdapterStore(tmp_path / "adapters", _base(), rank=4, alpha=8)
+        fresh.activate(target)
+        assert all(torch.equal(fresh.lora_state(target)[k], saved[k]) for k in saved)

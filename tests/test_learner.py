@@ -1,0 +1,147 @@
+"""The online learner on a tiny cross-vocabulary pair (SmolLM2 vocab -> Gemma vocab)."""
+
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+from keyring.backends import fail
+from omnidraft.core.adapters import AdapterStore
+from omnidraft.core.learner import Learner
+from omnidraft.core.replay_buffer import ReplayBuffer
+from omnidraft.core.secure_store import KeyStore
+
+from tests.distill_helpers import PROMPT, REPLIES, cross_bridge, learnable_drafter, make_sample
+from tests.tiny import tiny_gemma3
+
+TARGET = "tiny-gemma"
+
+
+@pytest.fixture(scope="module")
+def target(gemma_tok):
+    return tiny_gemma3(len(gemma_tok), seed=3)
+
+
+@pytest.fixture
+def parts(tmp_path, smol_tok, gemma_tok, target):
+    """(learner factory, buffer, adapter store, samples) with a fresh drafter."""
+    keys = KeyStore(tmp_path / "keys", backend=fail.Keyring())
+    buffer = ReplayBuffer(tmp_path / "buffer.bin", keys=keys)
+    drafter = learnable_drafter(len(smol_tok))
+    store = AdapterStore(tmp_path / "adapters", drafter, rank=8, alpha=16)
+    bridge = cross_bridge(smol_tok, gemma_tok)
+    samples = [make_sample(smol_tok, gemma_tok, PROMPT, r) for r in REPLIES]
+
+    def make(**kw):
+        return Learner(drafter, target, bridge, buffer, store, TARGET, **kw)
+
+    return make, buffer, store, samples
+
+
+def _fill(buffer, samples):
+    for s in samples:
+        buffer.add(replace(s))  # a copy: the buffer numbers what it holds
+
+
+def _eval_loss(learner, store, samples) -> float:
+    model = store.activate(TARGET)
+    with torch.no_grad():
+        return sum(float(learner.sample_loss(model, s)[0]) for s in samples) / len(samples)
+
+
+def test_steps_reduce_the_loss(parts):
+    make, buffer, store, samples = parts
+    samples = samples[:2]
+    learner = make(lr=1e-2, batch_size=2)
+    before = _eval_loss(learner, store, samples)
+    threads = torch.get_num_threads()
+    results = []
+    for _ in range(4):  # four passes over the same two turns
+        _fill(buffer, samples)
+        results.append(learner.step())
+        assert results[-1]["pass_done"] and len(buffer) == 0
+    assert torch.get_num_threads() == threads
+    after = _eval_loss(learner, store, samples)
+    assert after < 0.8 * before
+    assert results[-1]["loss"] < results[0]["loss"]
+    assert results[-1]["steps"] == 4 and results[-1]["samples"] == 8
+    assert results[-1]["acceptance_estimate"] > results[0]["acceptance_estimate"]
+    assert learner.step() is None  # nothing buffered
+
+
+def test_one_pass_then_clear_and_save(parts, smol_tok, gemma_tok):
+    make, buffer, store, samples = parts
+    learner = make(batch_size=2)
+    _fill(buffer, samples[:3])
+    first = learner.step()
+    assert not first["pass_done"] and len(buffer) == 3 and first["buffered"] == 3
+    buffer.add(replace(samples[3]))  # a turn served mid-pass waits for the next pass
+    second = learner.step()
+    assert second["pass_done"] and [s.seq for s in buffer.samples()] == [3]
+    assert store.has_saved(TARGET) and store.meta(TARGET)["steps"] == 2
+    assert len(ReplayBuffer.load(buffer.path, keys=buffer.keys)) == 1  # saved cleared
+    third = learner.step()
+    assert third["pass_done"] and third["samples"] == 4 and len(buffer) == 0
+    assert learner.step() is None
+    # A restarted learner continues the counters.
+    assert make().steps == 3
+
+
+def test_should_stop_interrupts_quickly_without_changes(parts):
+    make, buffer, store, samples = parts
+    learner = make(batch_size=4)
+    _fill(buffer, samples)
+    snapshot = learner.snapshot()
+    calls = {"n": 0, "stopped_at": None}
+
+    def stop_in_the_forward():
+        calls["n"] += 1
+        if calls["n"] >= 3:  # 1: before the first sample, 2-3: target layers
+            calls["stopped_at"] = calls["stopped_at"] or time.perf_counter()
+            return True
+        return False
+
+    result = learner.step(stop_in_the_forward)
+    latency = time.perf_counter() - calls["stopped_at"]
+    assert result["interrupted"] and not result["pass_done"]
+    assert latency < 0.2
+    assert not learner.lora_params_changed(snapshot) and learner.updates == 0
+    assert all(p.grad is None for p in store.parameters(TARGET))
+    assert len(buffer) == 4
+    # The next step trains the same samples.
+    assert not learner.step()["interrupted"] and learner.lora_params_changed(snapshot)
+
+
+def test_should_stop_interrupts_the_backward(parts):
+    make, buffer, store, samples = parts
+    learner = make(batch_size=1)
+    _fill(buffer, samples[:1])
+    snapshot = learner.snapshot()
+    calls = {"n": 0}
+
+    def stop_in_the_backward():
+        # Calls 1-5: before the sample, 2 target layers, 2 drafter layers; the
+        # 6th comes from the gradient hook of the drafter's last layer.
+        # Without the gradient hooks there is no 6th call and the step completes.
+        calls["n"] += 1
+        return calls["n"] >= 6
+
+    result = learner.step(stop_in_the_backward)
+    assert result["interrupted"] and calls["n"] == 6
+    assert not learner.lora_params_changed(snapshot)
+    assert all(p.grad is None for p in store.parameters(TARGET))
+
+
+def test_learner_needs_the_stores_drafter(parts, smol_tok, target):
+    _, buffer, store, _ = parts
+    with pytest.raises(ValueError):
+        Learner(learnable_drafter(len(smol_tok)), target, None, buffer, store, TARGET)
+
+
+def test_a_foreign_sample_is_skipped_not_fatal(parts):
+    make, buffer, _, samples = parts
+    learner = make(batch_size=4)
+    bad = replace(samples[0], target_ids=samples[0].target_ids + [10**7])
+    _fill(buffer, [bad, samples[1]])
+    result = learner.step()
+    assert result["pass_done"] and result["samples"] == 2 and result["steps"] == 1

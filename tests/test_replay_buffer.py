@@ -1,0 +1,96 @@
+"""The learner's replay buffer: encrypted, bounded, and never fatal when damaged."""
+
+import json
+
+import pytest
+from keyring.backends import fail
+from omnidraft.core.replay_buffer import ReplayBuffer, Sample
+from omnidraft.core.secure_store import KeyStore, save_encrypted
+
+SECRET = " my bank PIN is 4417 and my diary says I love marmalade"
+
+
+@pytest.fixture
+def keys(tmp_path):
+    return KeyStore(tmp_path / "keys", backend=fail.Keyring())
+
+
+def _sample(tok, text=SECRET) -> Sample:
+    prompt = tok("User says:")["input_ids"]
+    reply = tok(text, add_special_tokens=False)["input_ids"]
+    return Sample(prompt + reply, len(prompt), prompt + reply, len(prompt), proposed=7, accepted=5)
+
+
+def test_saved_encrypted_and_roundtrips(tmp_path, keys, smol_tok):
+    path = tmp_path / "buffer.bin"
+    buf = ReplayBuffer(path, keys=keys)
+    sample = buf.add(_sample(smol_tok))
+    buf.save()
+    raw = path.read_bytes()
+    assert b"marmalade" not in raw and b"4417" not in raw
+    ids = json.dumps(sample.target_ids, separators=(",", ":")).encode()
+    assert ids[1:40] not in raw  # not even the token ids are readable
+    loaded = ReplayBuffer.load(path, keys=keys)
+    assert loaded.warning is None
+    assert loaded.samples() == [sample]
+    assert loaded.total_added == 1
+    assert smol_tok.decode(loaded.samples()[0].target_reply) == SECRET
+
+
+def test_bounded_drops_oldest_and_counts(tmp_path, keys, smol_tok):
+    buf = ReplayBuffer(tmp_path / "b.bin", max_samples=3, keys=keys)
+    for n in range(5):
+        buf.add(_sample(smol_tok, f" turn {n}"))
+    assert len(buf) == 3
+    assert [s.seq for s in buf.samples()] == [2, 3, 4]
+    buf.save()
+    loaded = ReplayBuffer.load(tmp_path / "b.bin", max_samples=3, keys=keys)
+    assert loaded.total_added == 5 and [s.seq for s in loaded.samples()] == [2, 3, 4]
+    assert loaded.add(_sample(smol_tok)).seq == 5  # seqs never repeat
+
+
+def test_remove_keeps_samples_added_meanwhile(tmp_path, keys, smol_tok):
+    buf = ReplayBuffer(tmp_path / "b.bin", keys=keys)
+    for _ in range(4):
+        buf.add(_sample(smol_tok))
+    buf.remove({0, 2})
+    assert [s.seq for s in buf.samples()] == [1, 3]
+    buf.clear()
+    assert len(buf) == 0
+
+
+def test_add_rejects_inconsistent_sample(tmp_path, keys):
+    buf = ReplayBuffer(tmp_path / "b.bin", keys=keys)
+    with pytest.raises(ValueError):
+        buf.add(Sample([1, 2], 3, [1], 0))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "wrong-shape", "bad-sample"])
+def test_damaged_file_is_quarantined(tmp_path, keys, damage):
+    path = tmp_path / "buffer.bin"
+    if damage == "garbage":
+        path.write_bytes(b"\x00not encrypted at all")
+    elif damage == "wrong-shape":
+        save_encrypted(path, ["not", "a", "buffer"], keys)
+    else:
+        save_encrypted(path, {"total_added": 1, "samples": [{"target_ids": "abc"}]}, keys)
+    buf = ReplayBuffer.load(path, keys=keys)
+    assert len(buf) == 0 and buf.total_added == 0
+    assert "damaged" in buf.warning
+    assert not path.exists() and (tmp_path / "buffer.bin.corrupt").exists()
+    buf.save()  # and it works from there on
+    assert ReplayBuffer.load(path, keys=keys).warning is None
+
+
+def test_foreign_key_leaves_the_file_alone(tmp_path, keys, smol_tok):
+    path = tmp_path / "buffer.bin"
+    other = KeyStore(tmp_path / "other", backend=fail.Keyring())
+    theirs = ReplayBuffer(path, keys=other)
+    theirs.add(_sample(smol_tok))
+    theirs.save()
+    before = path.read_bytes()
+    buf = ReplayBuffer.load(path, keys=keys)
+    assert len(buf) == 0 and "key" in buf.warning
+    buf.add(_sample(smol_tok))
+    buf.save()
+    assert path.read_bytes() == before
