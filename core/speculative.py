@@ -85,6 +85,7 @@ def generate_speculative(
     if opts.use_ngram_cache:
         bridge.learn_text(prompt_ids)  # the prompt is accepted text too
     drafter.start(drafter_prefix)
+    synced = len(context)  # accepted target ids the drafter's context already covers
     target_bytes = bridge.direct.target_bytes
 
     while not cancel():
@@ -101,6 +102,13 @@ def generate_speculative(
             else:
                 proposals = []
         if k and not proposals:
+            if synced < len(context):  # the drafter catches up only when it is needed
+                reply = context[len(prompt_ids):]
+                if bridge.same_vocab:
+                    drafter.sync_ids(reply)
+                else:
+                    drafter.sync_text(_text(target_bytes, reply))
+                synced = len(context)
             draft = drafter.draft(cfg, gen, k)
             merged = bridge.propose(draft.ids, opts.use_ngram_cache, single_target=not cfg.greedy)
             proposals = merged.target_ids[: opts.max_proposals]
@@ -137,14 +145,9 @@ def generate_speculative(
         pending = nxt
         if stream.reason:
             break
-        # ---- learn n-grams from accepted text, re-sync the drafter
-        reply = context[len(prompt_ids):]
+        # ---- learn n-grams from the accepted text
         if opts.use_ngram_cache and not bridge.same_vocab:
-            bridge.learn_text(reply[-(len(new) + LEARN_LOOK_BEHIND):])
-        if bridge.same_vocab:
-            drafter.sync_ids(reply)
-        else:
-            drafter.sync_text(_text(target_bytes, reply))
+            bridge.learn_text(context[-(len(new) + LEARN_LOOK_BEHIND):])
 
     stats.new_tokens = len(stream.ids)
     stats.seconds = time.perf_counter() - start

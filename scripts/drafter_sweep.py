@@ -27,14 +27,14 @@ from omnidraft.core.events import TurnFinished
 from omnidraft.core.sampling import GenerationConfig
 
 CANDIDATES = [
-    # (layers, int8, k, prompt lookup)
-    (30, False, 4, False),
-    (30, True, 4, False),
-    (30, True, 4, True),
-    (30, True, 3, True),
-    (30, True, 6, True),
-    (16, True, 4, True),
-    (8, True, 4, True),
+    # (layers kept, int8 weights, draft length k, prompt lookup, min drafter confidence)
+    (30, False, 4, False, 0.0),
+    (30, True, 4, False, 0.0),
+    (30, True, 4, True, 0.0),
+    (30, True, 4, True, 0.5),
+    (30, True, 6, True, 0.5),
+    (30, True, 3, True, 0.3),
+    (20, True, 4, True, 0.5),
 ]
 
 
@@ -94,10 +94,10 @@ def main() -> None:
     prompts = [json.loads(line)["prompt"] for line in open(args.prompts)][: args.limit]
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
     engine = Engine()
-    engine.load_target(args.target)
+    engine.load_target(args.target, measure_baseline=False)
     rows = []
-    for layers, int8, k, lookup in CANDIDATES:
-        settings = DraftSettings(k=k, num_layers=layers, int8=int8)
+    for layers, int8, k, lookup, min_conf in CANDIDATES:
+        settings = DraftSettings(k=k, num_layers=layers, int8=int8, min_confidence=min_conf)
         engine._drafter = Drafter(engine.drafter, settings)
         engine.spec_options.k = k
         engine.spec_options.prompt_lookup = lookup
@@ -106,7 +106,7 @@ def main() -> None:
         plain_tps, _, _, plain_out = run(engine, prompts, cfg, False)
         spec_tps, acc, tps, spec_out = run(engine, prompts, cfg, True)
         same = sum(a == b for a, b in zip(plain_out, spec_out)) / len(prompts)
-        row = dict(layers=layers, int8=int8, k=k, prompt_lookup=lookup, c=round(c, 3),
+        row = dict(layers=layers, int8=int8, k=k, prompt_lookup=lookup, min_confidence=min_conf, c=round(c, 3),
                    acceptance=acc and round(acc, 3), tokens_per_step=round(tps, 2),
                    plain_tokens_per_s=round(plain_tps, 2), omnidraft_tokens_per_s=round(spec_tps, 2),
                    speedup=round(spec_tps / plain_tps, 3), greedy_identical=same)
