@@ -7,20 +7,26 @@ the benchmark use it directly.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 from . import paths
+from .adapters import AdapterStore
 from .catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
 from .chat_format import encode_chat, stop_token_ids
 from .decoding import Cancel, _never, generate_plain
 from .drafter import Drafter, DraftSettings
 from .events import TokenChunk, TurnFinished
+from .learner import Learner
 from .loader import LoadedModel, Progress, _no_progress, load
 from .persistence import CorruptStateError
+from .protocol import LearningProgress
+from .replay_buffer import ReplayBuffer, Sample
 from .sampling import GenerationConfig
-from .speculative import SpecOptions, generate_speculative
+from .speculative import SpecOptions, _text, generate_speculative
 from .vocab_bridge import NgramCache, VocabBridge
 
 MAX_MESSAGE_CHARS = 200_000
@@ -32,6 +38,20 @@ class InputError(Exception):
     """A request the engine refuses; str(error) is shown to the user."""
 
 
+@dataclass
+class LearnSettings:
+    """Online distillation (OMNIDRAFT.md §2); paper defaults."""
+
+    enabled: bool = True
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    batch_size: int = 8
+    lam: float = 0.2  # weight of the n-gram NLL against the reverse KL
+    rank: int = 32
+    threads: int = 1  # the learner leaves a core to the GUI
+    buffer_size: int = 256
+
+
 class Engine:
     def __init__(
         self,
@@ -39,6 +59,7 @@ class Engine:
         dtype: torch.dtype = torch.bfloat16,
         drafter_id: str | None = None,
         draft_settings: DraftSettings | None = None,
+        learn_settings: LearnSettings | None = None,
     ):
         self.catalog = catalog or ModelCatalog()
         self.dtype = dtype
@@ -50,6 +71,10 @@ class Engine:
         self.drafter: LoadedModel | None = None  # the drafter model as loaded
         self._drafter: Drafter | None = None  # its lean drafting runtime
         self.bridge: VocabBridge | None = None
+        self.learn_settings = learn_settings or LearnSettings()
+        self.adapters: AdapterStore | None = None
+        self.buffer: ReplayBuffer | None = None
+        self._learners: dict[str, Learner] = {}
         self.warnings: list[str] = []
         # The target's plain-decoding speed measured on this machine (tokens/s), the
         # baseline every reply's speedup is computed against; None until measured.
@@ -75,6 +100,7 @@ class Engine:
             self._ensure_drafter(progress)
             self.bridge = VocabBridge(self.drafter.tokenizer, loaded.tokenizer)
             self.bridge.cache = self._load_ngram_cache(entry.id)
+            self._load_learned(entry.id, progress)
         except ModelError as exc:  # the app still works, without speculation
             self.warnings.append(f"Drafting is off: {exc}")
         if measure_baseline:
@@ -92,6 +118,8 @@ class Engine:
         if self.drafter.model.config.model_type != "llama":
             raise ModelError("the drafter must be a Llama-architecture model")
         self._drafter = Drafter(self.drafter, self.draft_settings)
+        root = paths.data_dir() / "adapters" / entry.id
+        self.adapters = AdapterStore(root, self.drafter.model, rank=self.learn_settings.rank)
 
     def state_dir(self, target_id: str):
         drafter = self.drafter.entry.id if self.drafter else self.drafter_id
@@ -105,6 +133,19 @@ class Engine:
             kept = exc.quarantine()
             self.warnings.append(f"The learned n-gram cache was damaged and restarted (kept as {kept.name}).")
             return NgramCache()
+
+    def _load_learned(self, target_id: str, progress: Progress) -> None:
+        """This target's replay buffer, and its adapter merged into the drafter."""
+        self.buffer = ReplayBuffer.load(
+            self.state_dir(target_id) / "replay.bin", self.learn_settings.buffer_size
+        )
+        if self.buffer.warning:
+            self.warnings.append(self.buffer.warning)
+        weights = None
+        if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
+            progress("Loading what the drafter learned for this model", 0.98)
+            weights = self.adapters.merged_state(target_id)
+        self._drafter.load_weights(weights)
 
     def _save_state(self) -> None:
         if self.target is not None and self.bridge is not None:
@@ -182,6 +223,8 @@ class Engine:
         for event in events:
             if isinstance(event, TurnFinished):
                 self._after_turn(event)
+                if event.stats.method == "omnidraft":
+                    self._record(ids, drafter_prefix, event)
             yield event
 
     def _after_turn(self, done: TurnFinished) -> None:
@@ -189,6 +232,55 @@ class Engine:
             self._update_baseline(done.stats.tokens_per_s)
         if done.stats.method == "omnidraft":
             self._save_state()
+
+    def _record(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished) -> None:
+        """Keep the turn for distillation (the user's own traffic, encrypted at rest)."""
+        if not self.learn_settings.enabled or self.buffer is None or len(done.token_ids) < 4:
+            return
+        reply = done.token_ids
+        if self.bridge.same_vocab:
+            drafter_reply = list(reply)
+        else:
+            text = _text(self.bridge.direct.target_bytes, reply)
+            drafter_reply = self.drafter.tokenizer(text, add_special_tokens=False)["input_ids"]
+        self.buffer.add(Sample(
+            target_ids=list(ids) + list(reply), target_prompt_len=len(ids),
+            drafter_ids=list(drafter_prefix) + drafter_reply, drafter_prompt_len=len(drafter_prefix),
+            proposed=done.stats.proposed, accepted=done.stats.accepted,
+        ))
+        self.buffer.save()
+
+    def _learner(self) -> Learner:
+        target_id = self.target.entry.id
+        if target_id not in self._learners:
+            ls = self.learn_settings
+            self._learners[target_id] = Learner(
+                self.drafter.model, self.target.model, self.bridge, self.buffer, self.adapters,
+                target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
+                lam=ls.lam, threads=ls.threads,
+            )
+        return self._learners[target_id]
+
+    def has_learning_work(self) -> bool:
+        return bool(self.learn_settings.enabled and self.buffer is not None and len(self.buffer))
+
+    def idle_step(self, should_stop: Cancel = _never) -> LearningProgress | None:
+        """One batch of online distillation for the current target; returns at the
+        next layer boundary once should_stop() says a request is waiting."""
+        if self.target is None or self._drafter is None or not self.has_learning_work():
+            return None
+        target_id = self.target.entry.id
+        out = self._learner().step(should_stop)
+        if out is None:
+            return LearningProgress(target_id, "idle", buffered=len(self.buffer))
+        if out["interrupted"]:
+            return LearningProgress(target_id, "waiting", out["steps"], out["samples"], buffered=out["buffered"])
+        if out["pass_done"]:  # what was learned starts drafting now
+            self._drafter.load_weights(self.adapters.merged_state(target_id))
+        return LearningProgress(
+            target_id, "running", out["steps"], out["samples"], out.get("loss"),
+            out.get("acceptance_estimate"), out["buffered"],
+        )
 
     def _update_baseline(self, tokens_per_s: float) -> None:
         old = self.baseline_tokens_per_s
@@ -204,11 +296,14 @@ class Engine:
     def reset_personalization(self, model_id: str) -> None:
         """Forget what was learned for one target: its n-gram cache (and adapter and
         replay buffer, which live in the same folder)."""
-        import shutil
-
         shutil.rmtree(self.state_dir(model_id), ignore_errors=True)
+        self._learners.pop(model_id, None)
+        if self.adapters is not None:
+            self.adapters.reset(model_id)
         if self.target is not None and self.target.entry.id == model_id and self.bridge is not None:
             self.bridge.cache = NgramCache(self.bridge.cache.max_entries)
+            self.buffer.clear()
+            self._drafter.load_weights(None)
 
     # ------------------------------------------------------------------ settings
     def apply_settings(self, settings) -> None:
@@ -216,6 +311,10 @@ class Engine:
         k = int(getattr(settings, "draft_length", self.spec_options.k))
         self.spec_options.k = k
         self.draft_settings.k = k
+        threads = int(getattr(settings, "learner_threads", self.learn_settings.threads))
+        self.learn_settings.threads = threads
+        for learner in self._learners.values():
+            learner.threads = threads
 
 
-__all__ = ["Engine", "InputError", "ModelError", "GenerationConfig"]
+__all__ = ["Engine", "GenerationConfig", "InputError", "ModelError"]

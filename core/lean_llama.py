@@ -23,7 +23,10 @@ class LeanLlama:
         max_len: int = 4096,
         dtype: torch.dtype | None = None,
         int8: bool = False,
+        weights: dict[str, torch.Tensor] | None = None,
     ):
+        """weights: state-dict entries that replace the model's own (a target's
+        adapter merged into the projections)."""
         cfg = hf_model.config
         if cfg.model_type != "llama":
             raise ValueError(f"LeanLlama runs Llama models, not '{cfg.model_type}'")
@@ -35,21 +38,28 @@ class LeanLlama:
         self.eps = cfg.rms_norm_eps
         layers = inner.layers[: num_layers or len(inner.layers)]
 
-        def w(t: torch.Tensor) -> torch.Tensor:
-            return t.detach().to(self.dtype).contiguous()
+        weights = weights or {}
+
+        def w(t: torch.Tensor, name: str = "") -> torch.Tensor:
+            return weights.get(name, t).detach().to(self.dtype).contiguous()
+
+        def proj(i: int, part: str) -> torch.Tensor:
+            layer = inner.layers[i]
+            module = getattr(layer.self_attn if part in _ATTN else layer.mlp, part)
+            base = getattr(module, "base_layer", module)  # under a peft LoRA wrapper
+            return w(base.weight, f"model.layers.{i}.{'self_attn' if part in _ATTN else 'mlp'}.{part}.weight")
 
         self.embed = w(inner.embed_tokens.weight)
         self.layers = [
             (
                 w(layer.input_layernorm.weight),
-                w(torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
-                             layer.self_attn.v_proj.weight])),
-                w(layer.self_attn.o_proj.weight),
+                torch.cat([proj(i, "q_proj"), proj(i, "k_proj"), proj(i, "v_proj")]),
+                proj(i, "o_proj"),
                 w(layer.post_attention_layernorm.weight),
-                w(torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight])),
-                w(layer.mlp.down_proj.weight),
+                torch.cat([proj(i, "gate_proj"), proj(i, "up_proj")]),
+                proj(i, "down_proj"),
             )
-            for layer in layers
+            for i, layer in enumerate(layers)
         ]
         self.final_norm = w(inner.norm.weight)
         # Weight-only int8 copies of the big matrices for 1-2 token steps: drafting is
@@ -135,6 +145,7 @@ class LeanLlama:
 
 
 _INT8_MAX_TOKENS = 2
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -178,6 +178,9 @@ class WorkerLoop:
             and (self.learning_has_work or self.learn_now)
         )
 
+    def _request_waiting(self) -> bool:
+        return bool(self.pending) or not self.requests.empty()
+
     def _learning_due(self) -> bool:
         if not self._can_learn():
             return False
@@ -187,7 +190,11 @@ class WorkerLoop:
     def _idle_step(self) -> None:
         """One short unit of learning; the loop checks the queue again right after."""
         try:
-            progress = self.engine.idle_step()
+            # A request waiting in the queue stops training at the next layer boundary.
+            if "should_stop" in inspect.signature(self.engine.idle_step).parameters:
+                progress = self.engine.idle_step(should_stop=self._request_waiting)
+            else:
+                progress = self.engine.idle_step()
         except Exception as exc:  # noqa: BLE001 - learning must never take the worker down
             self.learning_has_work = False  # don't repeat a failing step in a tight loop
             self.learn_now = False

@@ -1,0 +1,87 @@
+"""The engine learns from its own traffic per target, in idle steps, and
+learning changes speed, never answers (float32, tiny models)."""
+
+import pytest
+import torch
+
+from omnidraft.core.catalog import ModelCatalog
+from omnidraft.core.engine import Engine, LearnSettings
+from omnidraft.core.events import TurnFinished
+from omnidraft.core.sampling import GenerationConfig
+from tests.tiny import tiny_gemma3
+
+PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
+
+
+@pytest.fixture
+def target_dir(tmp_path, gemma_tok):
+    folder = tmp_path / "tiny-gemma"
+    tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(folder)
+    gemma_tok.save_pretrained(folder)
+    return folder
+
+
+def _engine(home_dir, target_dir):
+    engine = Engine(ModelCatalog(), dtype=torch.float32, learn_settings=LearnSettings(batch_size=2, lr=1e-3))
+    engine.load_target(str(target_dir), measure_baseline=False)
+    return engine
+
+
+def _reply(engine, prompt, speculative):
+    events = engine.complete(prompt, GenerationConfig(max_new_tokens=12), speculative=speculative)
+    return [e for e in events if isinstance(e, TurnFinished)][0]
+
+
+def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
+    engine = _engine(home, target_dir)
+    target_id = engine.target.entry.id
+    for p in PROMPTS:
+        _reply(engine, p, speculative=True)
+    assert len(engine.buffer) == len(PROMPTS)
+    assert (engine.state_dir(target_id) / "replay.bin").exists()
+    before = engine._drafter.net.layers[0][1].clone()
+
+    progress = []
+    while (p := engine.idle_step()) is not None and p.state == "running":
+        progress.append(p)
+    assert progress and progress[-1].steps == 2 and progress[-1].samples == 3
+    assert progress[-1].loss is not None
+    assert len(engine.buffer) == 0  # one pass, then the buffer is cleared
+    assert engine.adapters.has_saved(target_id)
+    # The learned adapter now drafts: the lean drafter's weights changed.
+    assert not torch.equal(engine._drafter.net.layers[0][1], before)
+
+    # Learning changes speed, never answers.
+    for p in PROMPTS:
+        assert _reply(engine, p, True).token_ids == _reply(engine, p, False).token_ids
+
+
+def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir):
+    engine = _engine(home, target_dir)
+    target_id = engine.target.entry.id
+    for p in PROMPTS:
+        _reply(engine, p, speculative=True)
+    while (p := engine.idle_step()) is not None and p.state == "running":
+        pass
+    learned = engine._drafter.net.layers[0][1].clone()
+    cache_entries = dict(engine.bridge.cache.entries)
+    engine._save_state()
+
+    again = _engine(home, target_dir)
+    assert torch.equal(again._drafter.net.layers[0][1], learned)
+    assert dict(again.bridge.cache.entries) == cache_entries
+
+    again.reset_personalization(target_id)
+    assert not again.adapters.has_saved(target_id)
+    assert len(again.buffer) == 0 and len(again.bridge.cache) == 0
+    assert not again.state_dir(target_id).exists()
+    assert not torch.equal(again._drafter.net.layers[0][1], learned)
+
+
+def test_a_waiting_request_interrupts_learning(home, target_dir):
+    engine = _engine(home, target_dir)
+    for p in PROMPTS:
+        _reply(engine, p, speculative=True)
+    p = engine.idle_step(should_stop=lambda: True)
+    assert p.state == "waiting"
+    assert len(engine.buffer) == len(PROMPTS)  # nothing consumed
