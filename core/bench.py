@@ -112,6 +112,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(default: a fresh temporary one, deleted afterwards)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the report here")
+    p.add_argument(
+        "--adapt",
+        type=Path,
+        default=None,
+        metavar="TRAIN.jsonl",
+        help="measure, then serve every TRAIN prompt with omnidraft as the app would "
+        "(record, learn between prompts), then measure again",
+    )
     args = p.parse_args(argv)
     args.methods = _method_list(args.methods)
     if args.limit is not None and args.limit < 1:
@@ -511,6 +519,23 @@ def build_report(
     }
 
 
+def format_adapt(adapt: dict) -> str:
+    lines = [
+        (f"adapt: {adapt['train_prompts']} training prompts served, {adapt['learn_steps']} learner "
+        f"steps, {adapt['ngram_cache_entries']} n-gram entries"),
+        (f"{'method':<10} {'before tok/s':>13} {'after tok/s':>12} {'before x':>9} {'after x':>8} "
+        f"{'accept before':>14} {'accept after':>13}"),
+    ]
+    for name, after in adapt["after"].items():
+        b = adapt["before"][name]
+        lines.append(
+            f"{name:<10} {b['tokens_per_s']:>13.2f} {after['tokens_per_s']:>12.2f} "
+            f"{_cell(b['speedup'], '.2f'):>9} {_cell(after['speedup'], '.2f'):>8} "
+            f"{_cell(b['acceptance_rate'], '.3f'):>14} {_cell(after['acceptance_rate'], '.3f'):>13}"
+        )
+    return "\n".join(lines)
+
+
 def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -589,11 +614,66 @@ def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     engine.load_target(args.target)
     methods, drafter = build_methods(args, engine, catalog)
+    train = read_prompts(args.adapt, None) if args.adapt else []
     load_before = load_average()
     start = time.perf_counter()
+    engine.evaluating = True  # evaluation never teaches the engine
     run_interleaved(methods, engine.target.model, prompts, args)
-    wall = time.perf_counter() - start
-    return build_report(args, engine, drafter, methods, prompts, wall, load_before)
+    if not train:
+        wall = time.perf_counter() - start
+        return build_report(args, engine, drafter, methods, prompts, wall, load_before)
+    before = build_report(args, engine, drafter, methods, prompts, time.perf_counter() - start, load_before)
+    engine.evaluating = False
+    adapt = adapt_on(engine, train, args)
+    engine.evaluating = True
+    for m in methods:
+        m.outputs = []
+    run_interleaved(methods, engine.target.model, prompts, args)
+    report = build_report(args, engine, drafter, methods, prompts, time.perf_counter() - start, load_before)
+    report["adapt"] = {
+        **adapt,
+        "before": before["methods"],
+        "after": report["methods"],
+        "greedy_identical_before": before["greedy_identical"],
+        "greedy_identical_after": report["greedy_identical"],
+    }
+    return report
+
+
+def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:
+    """Serve every training prompt with omnidraft as the app does: each finished
+    turn is recorded, and the learner runs its pass over the buffer in the gap
+    before the next prompt once a batch has gathered (the paper's schedule: every
+    I prompts one pass over the buffer, then clear it)."""
+    if not hasattr(engine, "idle_step"):
+        raise BenchError("--adapt: this build has no online learner")
+    batch = engine.learn_settings.batch_size
+    serve_s = learn_s = 0.0
+    steps_before = None
+    last = None
+    for i, row in enumerate(train):
+        t0 = time.perf_counter()
+        for _ in engine.complete(row["prompt"], prompt_config(args, i), speculative=True):
+            pass
+        t1 = time.perf_counter()
+        if len(engine.buffer) >= batch or i == len(train) - 1:
+            while (progress := engine.idle_step()) is not None and progress.state == "running":
+                steps_before = progress.steps if steps_before is None else steps_before
+                last = progress
+                if progress.buffered == 0:
+                    break
+        serve_s, learn_s = serve_s + t1 - t0, learn_s + time.perf_counter() - t1
+        loss = f", loss {last.loss:.3f}" if last and last.loss is not None else ""
+        print(f"adapt {i + 1}/{len(train)}: served {t1 - t0:.1f} s, learned "
+              f"{time.perf_counter() - t1:.1f} s{loss}", file=sys.stderr, flush=True)
+    return {
+        "train_prompts": len(train),
+        "learn_steps": last.steps if last else 0,
+        "serve_seconds": serve_s,
+        "learn_seconds": learn_s,
+        "final_loss": last.loss if last else None,
+        "ngram_cache_entries": len(engine.bridge.cache),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -613,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnidraft-bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(report))
+    if "adapt" in report:
+        print(format_adapt(report["adapt"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -75,6 +76,9 @@ class Engine:
         self.adapters: AdapterStore | None = None
         self.buffer: ReplayBuffer | None = None
         self._learners: dict[str, Learner] = {}
+        # Benchmark evaluation: no recording, and the n-gram cache forgets each
+        # turn afterwards, so no evaluation prompt teaches the next one.
+        self.evaluating = False
         self.warnings: list[str] = []
         # The target's plain-decoding speed measured on this machine (tokens/s), the
         # baseline every reply's speedup is computed against; None until measured.
@@ -220,17 +224,22 @@ class Engine:
             )
         else:
             events = generate_plain(t.model, t.tokenizer, ids, cfg, stops, cancel)
-        for event in events:
-            if isinstance(event, TurnFinished):
-                self._after_turn(event)
-                if event.stats.method == "omnidraft":
-                    self._record(ids, drafter_prefix, event)
-            yield event
+        saved = OrderedDict(self.bridge.cache.entries) if self.evaluating and self.bridge else None
+        try:
+            for event in events:
+                if isinstance(event, TurnFinished):
+                    self._after_turn(event)
+                    if event.stats.method == "omnidraft" and not self.evaluating:
+                        self._record(ids, drafter_prefix, event)
+                yield event
+        finally:
+            if saved is not None:
+                self.bridge.cache.entries = saved
 
     def _after_turn(self, done: TurnFinished) -> None:
         if done.stats.method == "target" and done.stats.new_tokens >= 8:
             self._update_baseline(done.stats.tokens_per_s)
-        if done.stats.method == "omnidraft":
+        if done.stats.method == "omnidraft" and not self.evaluating:
             self._save_state()
 
     def _record(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished) -> None:

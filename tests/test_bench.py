@@ -202,3 +202,30 @@ def test_engine_totals_add_up_turns():
     outs = [bench.Output([1], 1.0, 1, a), bench.Output([1], 1.0, 1, b)]
     total = bench.engine_totals(outs)
     assert total["new_tokens"] == 6 and total["proposed"] == 8 and total["acceptance_rate"] == 0.5
+
+
+def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_path, smol_tok, gemma_tok):
+    """--adapt: before/after in one run, the learner ran, and evaluation taught
+    the engine nothing (the replay buffer only ever saw training prompts)."""
+    from tests.tiny import tiny_gemma3
+
+    target = tmp_path / "tiny-gemma"
+    tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(target)
+    gemma_tok.save_pretrained(target)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n    return"}) + "\n" for i in range(9)))
+    evals = tmp_path / "dev.jsonl"
+    evals.write_text(json.dumps({"prompt": "The cat sat on the"}) + "\n")
+    out = tmp_path / "r.json"
+    rc = bench.main([
+        "--target", str(target), "--prompts", str(evals), "--adapt", str(train), "--dtype", "fp32",
+        "--methods", "target,omnidraft", "--max-new-tokens", "8", "--json", str(out),
+        "--state-dir", str(tmp_path / "state"),
+    ])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    adapt = report["adapt"]
+    assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
+    assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
+    assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
+    assert adapt["after"]["target"]["speedup"] == 1.0
