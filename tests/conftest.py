@@ -1,5 +1,5 @@
 """Shared fixtures. Every test session gets its own OMNIDRAFT_HOME; converted
-model weights and extracted tokenizers are kept between runs in .test-cache/
+model weights are kept between runs in .test-cache/
 (re-creatable, git-ignored) so repeated runs stay fast."""
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ for _name in ("models", "gguf"):
 
 
 def _tokenizer(entry_id: str):
-    """The bundled model's real tokenizer, extracted from its GGUF once."""
+    """The bundled model's real tokenizer, from its converted copy (converting the
+    GGUF once serves both these fixtures and the bundled-model smoke tests)."""
     from transformers import AutoTokenizer
 
-    from omnidraft.core.catalog import bundled_path
+    from omnidraft.core.catalog import BUNDLED
+    from omnidraft.core.loader import weights_folder
 
-    folder = TEST_CACHE / "tokenizers" / entry_id
-    if not (folder / "tokenizer_config.json").exists():
-        gguf = bundled_path(entry_id)
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        tok.save_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(weights_folder(BUNDLED[entry_id]))
 
 
 @pytest.fixture(scope="session")
