@@ -1,19 +1,55 @@
-"""Start the desktop app (a minimal window until the full GUI lands)."""
+"""Start the desktop app: a Qt application driven by a qasync event loop.
+
+The asyncio loop and the Qt loop are one loop (qasync), so the worker's events
+are pumped by an asyncio task while Qt paints; nothing here ever blocks on the
+engine.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 import sys
 
 
 def run_app(target: str | None = None) -> int:
-    from PySide6.QtWidgets import QApplication, QLabel, QMainWindow
+    import qasync
+    from PySide6.QtCore import QCoreApplication, QEvent
+    from PySide6.QtWidgets import QApplication, QMessageBox
 
-    from omnidraft import __version__
+    from .main_window import MainWindow
+    from .qt_check import binding_problem
+    from .theme import apply_theme
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     app = QApplication.instance() or QApplication(sys.argv)
-    window = QMainWindow()
-    window.setWindowTitle(f"OmniDraft Desktop {__version__}")
-    window.setCentralWidget(QLabel("OmniDraft Desktop"))
-    window.resize(900, 640)
+    app.setApplicationName("OmniDraft")
+    app.setApplicationDisplayName("OmniDraft")
+    app.setDesktopFileName("omnidraft")
+    # The window decides when the app ends: after it has saved and stopped the worker.
+    app.setQuitOnLastWindowClosed(False)
+    apply_theme(app)
+    problem = binding_problem()
+    if problem:  # refuse now rather than crash later in the middle of a chat
+        print(problem, file=sys.stderr)
+        QMessageBox.critical(None, "OmniDraft cannot start", problem)
+        return 1
+
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    window = MainWindow(target=target)
+    closed = asyncio.Event()
+    window.closed.connect(closed.set)
+    # Ctrl+C in the terminal closes the window the normal way (saving everything);
+    # the stall monitor's timer runs Python often enough for the handler to fire.
+    signal.signal(signal.SIGINT, lambda *_: window.close())
     window.show()
-    return app.exec()
+    window.start()
+    with loop:
+        loop.run_until_complete(closed.wait())
+    # Delete the window while the QApplication still exists; left to interpreter
+    # exit, Qt objects can be destroyed after the app and crash on the way out.
+    window.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    return 0

@@ -1,0 +1,223 @@
+"""The chat column: messages streaming in, and the box where the user types.
+
+Enter sends, Shift+Enter starts a new line; while a reply streams the Send
+button becomes Stop. The column sticks to the bottom while a reply grows
+unless the user has scrolled up to read something.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from .message_widget import MessageWidget, describe_stats, mask_from_runs
+
+COLUMN_MAX_WIDTH = 860  # long lines are hard to read; wide windows get margins instead
+COMPOSER_MAX_LINES = 8
+
+
+class Composer(QPlainTextEdit):
+    submitted = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("Composer")
+        self.setPlaceholderText("Message OmniDraft…  (Enter to send, Shift+Enter for a new line)")
+        self.setTabChangesFocus(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().contentsChanged.connect(self._fit)
+        self._fit()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        if enter:  # Shift+Enter: a plain newline, not a paragraph-separator quirk
+            self.insertPlainText("\n")
+            return
+        super().keyPressEvent(event)
+
+    def _fit(self) -> None:
+        """Grow with the text up to a few lines, then scroll."""
+        lines = max(1, min(COMPOSER_MAX_LINES, self.document().lineCount()))
+        line = self.fontMetrics().lineSpacing()
+        margins = self.contentsMargins()
+        self.setFixedHeight(lines * line + int(self.document().documentMargin() * 2)
+                            + margins.top() + margins.bottom() + 4)
+
+
+class ChatView(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("ChatView")
+        self.messages: list[MessageWidget] = []
+        self.highlight = False
+        self.busy = False
+        self._stick_to_bottom = True
+
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("ChatScroll")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        canvas = QWidget()
+        canvas.setObjectName("ChatCanvas")
+        self.column = QWidget()
+        self.column.setObjectName("ChatColumn")
+        self.column.setMaximumWidth(COLUMN_MAX_WIDTH)
+        self.column_layout = QVBoxLayout(self.column)
+        self.column_layout.setContentsMargins(16, 16, 16, 16)
+        self.column_layout.setSpacing(12)
+        self.empty_hint = QLabel()
+        self.empty_hint.setObjectName("EmptyHint")
+        self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty_hint.setWordWrap(True)
+        self.column_layout.addWidget(self.empty_hint)
+        self.column_layout.addStretch(1)
+        centred = QHBoxLayout(canvas)
+        centred.setContentsMargins(0, 0, 0, 0)
+        centred.addStretch(1)
+        centred.addWidget(self.column, 100)
+        centred.addStretch(1)
+        self.scroll.setWidget(canvas)
+        bar = self.scroll.verticalScrollBar()
+        bar.rangeChanged.connect(self._follow_bottom)
+        bar.valueChanged.connect(self._user_scrolled)
+
+        self.composer = Composer()
+        self.composer.submitted.connect(self._submit)
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("SendButton")
+        self.send_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.send_button.clicked.connect(self._send_or_stop)
+        compose_row = QHBoxLayout()
+        compose_row.setContentsMargins(0, 0, 0, 0)
+        compose_row.setSpacing(8)
+        compose_row.addWidget(self.composer, 1)
+        compose_row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
+        compose = QFrame()
+        compose.setObjectName("ComposeBar")
+        compose_inner = QHBoxLayout(compose)
+        compose_inner.setContentsMargins(16, 10, 16, 14)
+        compose_inner.addStretch(1)
+        holder = QWidget()
+        holder.setMaximumWidth(COLUMN_MAX_WIDTH)
+        holder.setLayout(compose_row)
+        compose_inner.addWidget(holder, 100)
+        compose_inner.addStretch(1)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.scroll, 1)
+        layout.addWidget(compose)
+        self.set_empty_hint("")
+
+    # ------------------------------------------------------------ content
+
+    def clear(self) -> None:
+        for widget in self.messages:
+            widget.deleteLater()
+        self.messages.clear()
+        self.empty_hint.show()
+
+    def load(self, messages: list[dict], assistant_name: str) -> None:
+        """Show a saved conversation (replaces what is shown)."""
+        self.clear()
+        for m in messages:
+            if m.get("role") == "system":
+                continue
+            author = m.get("author") or assistant_name
+            widget = self._add(m["role"], author)
+            content = m.get("content", "")
+            widget.set_text(content, mask_from_runs(m.get("drafted", []), len(content)))
+            widget.set_note(m.get("note"))
+            widget.set_meta(describe_stats(m.get("stats"), m.get("baseline_tokens_per_s")))
+        self._stick_to_bottom = True
+
+    def add_user(self, text: str) -> MessageWidget:
+        widget = self._add("user", "You")
+        widget.set_text(text)
+        self._stick_to_bottom = True
+        return widget
+
+    def begin_reply(self, author: str) -> MessageWidget:
+        widget = self._add("assistant", author)
+        widget.set_note("…")
+        return widget
+
+    def current_reply(self) -> MessageWidget | None:
+        if self.messages and self.messages[-1].role == "assistant":
+            return self.messages[-1]
+        return None
+
+    def stream(self, pieces: list[tuple[str, bool]]) -> None:
+        reply = self.current_reply()
+        if reply is not None:
+            if reply.note.text() == "…":
+                reply.set_note(None)
+            reply.append(pieces)
+
+    def set_highlight(self, on: bool) -> None:
+        self.highlight = on
+        for widget in self.messages:
+            widget.set_highlight(on)
+
+    def set_empty_hint(self, text: str) -> None:
+        self.empty_hint.setText(text or "Type a message below to start a conversation.")
+
+    def _add(self, role: str, author: str) -> MessageWidget:
+        widget = MessageWidget(role, author)
+        widget.set_highlight(self.highlight and role == "assistant")
+        self.column_layout.insertWidget(self.column_layout.count() - 1, widget)
+        self.messages.append(widget)
+        self.empty_hint.hide()
+        return widget
+
+    # ------------------------------------------------------------ sending
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self.send_button.setText("Stop" if busy else "Send")
+        self.send_button.setProperty("stop", busy)
+        self.send_button.style().unpolish(self.send_button)  # re-apply the [stop] style
+        self.send_button.style().polish(self.send_button)
+
+    def _send_or_stop(self) -> None:
+        if self.busy:
+            self.stop_requested.emit()
+        else:
+            self._submit()
+
+    def _submit(self) -> None:
+        if self.busy:
+            return  # Enter while a reply streams does nothing; Esc or Stop cancels it
+        text = self.composer.toPlainText().strip()
+        if text:
+            self.composer.clear()
+            self.send_requested.emit(text)
+
+    # ------------------------------------------------------------ scrolling
+
+    def _user_scrolled(self, value: int) -> None:
+        bar = self.scroll.verticalScrollBar()
+        self._stick_to_bottom = value >= bar.maximum() - 8
+
+    def _follow_bottom(self, _minimum: int, maximum: int) -> None:
+        if self._stick_to_bottom:
+            self.scroll.verticalScrollBar().setValue(maximum)

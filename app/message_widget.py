@@ -1,0 +1,107 @@
+"""One message in the chat column: who wrote it, a Copy button, the body, a note."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+
+from .markdown_blocks import ReplyBody, copy_button
+
+
+def describe_stats(stats: dict | None, baseline: float | None = None) -> str:
+    """One line of what the engine measured for a reply; empty when nothing was."""
+    if not stats or not stats.get("new_tokens"):
+        return ""
+    parts = [f"{stats['new_tokens']} tokens", f"{stats.get('tokens_per_s') or 0:.1f} tok/s"]
+    if stats.get("tokens_per_step"):
+        parts.append(f"{stats['tokens_per_step']:.2f} tokens/step")
+    if stats.get("acceptance_rate") is not None:
+        parts.append(f"{stats['acceptance_rate']:.0%} of drafts accepted")
+    if baseline and stats.get("tokens_per_s"):
+        parts.append(f"{stats['tokens_per_s'] / baseline:.2f}x plain speed")
+    return " · ".join(parts)
+
+
+def runs_from_mask(mask: list[bool]) -> list[list[int]]:
+    """[start, end) runs of True: a compact way to persist which text was drafted."""
+    runs, start = [], None
+    for i, flag in enumerate(mask):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append([start, i])
+            start = None
+    if start is not None:
+        runs.append([start, len(mask)])
+    return runs
+
+
+def mask_from_runs(runs: list, length: int) -> list[bool]:
+    mask = [False] * length
+    for a, b in runs or []:
+        for i in range(max(0, int(a)), min(length, int(b))):
+            mask[i] = True
+    return mask
+
+
+class MessageWidget(QFrame):
+    def __init__(self, role: str, author: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.role = role
+        self.setObjectName("UserMessage" if role == "user" else "AssistantMessage")
+        self.raw = ""
+        self.drafted: list[bool] = []  # per character of raw: came from accepted drafts
+        self.highlight = False
+
+        self.author = QLabel(author)
+        self.author.setObjectName("Author")
+        self.copy = copy_button(lambda: self.raw, "Copy this message")
+        # Users type plain text; replies are markdown.
+        self.body = ReplyBody(markdown=role != "user")
+        self.note = QLabel()
+        self.note.setObjectName("MessageNote")
+        self.note.setWordWrap(True)
+        self.note.hide()
+        self.meta = QLabel()
+        self.meta.setObjectName("MessageMeta")
+        self.meta.hide()
+
+        header = QHBoxLayout()
+        header.setContentsMargins(0, 0, 0, 0)
+        header.addWidget(self.author)
+        header.addStretch(1)
+        header.addWidget(self.copy)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(14, 8, 14, 10)
+        layout.setSpacing(4)
+        layout.addLayout(header)
+        layout.addWidget(self.body)
+        layout.addWidget(self.note)
+        layout.addWidget(self.meta)
+
+    def set_text(self, raw: str, drafted: list[bool] | None = None) -> None:
+        self.raw = raw
+        self.drafted = list(drafted) if drafted is not None else [False] * len(raw)
+        self._render()
+
+    def append(self, pieces: list[tuple[str, bool]]) -> None:
+        for text, from_draft in pieces:
+            self.raw += text
+            self.drafted.extend([bool(from_draft)] * len(text))
+        self._render()
+
+    def set_highlight(self, on: bool) -> None:
+        if on != self.highlight:
+            self.highlight = on
+            self.body.reset()  # the tint is baked into the rendered blocks
+            self._render()
+
+    def set_note(self, text: str | None) -> None:
+        self.note.setText(text or "")
+        self.note.setVisible(bool(text))
+
+    def set_meta(self, text: str) -> None:
+        self.meta.setText(text)
+        self.meta.setVisible(bool(text))
+
+    def _render(self) -> None:
+        self.body.render(self.raw, self.drafted if self.highlight else None)

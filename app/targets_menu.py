@@ -1,0 +1,105 @@
+"""The Targets menu: every catalog model, a check mark on the one in use, and
+"Add local model…". It only emits what the user picked; the window sends it."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QAction, QActionGroup
+from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
+
+
+class TargetsMenu(QMenu):
+    switch_requested = Signal(str)  # catalog id, or the path of a model opened by path
+    add_requested = Signal(str)  # a path
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("&Targets", parent)
+        self.entries: list[dict] = []
+        # Models opened by path (--target, a restored last target) are not catalog
+        # entries: the worker knows them only by path, so they are kept apart and
+        # switched to by path.
+        self.opened: list[dict] = []
+        self.current: str | None = None
+        self._group = QActionGroup(self)
+        self._group.setExclusive(True)
+        self.rebuild()
+
+    def set_catalog(self, entries: list[dict]) -> None:
+        ids = {e["id"] for e in entries}
+        self.opened = [e for e in self.opened if e["id"] not in ids]
+        self.entries = list(entries) + self.opened
+        self.rebuild()
+
+    def set_current(self, model_id: str | None, name: str | None = None, path: str | None = None) -> None:
+        """Check `model_id`; a model opened by `path` (not in the catalog) is listed too."""
+        self.current = model_id
+        if model_id and name and path and all(e["id"] != model_id for e in self.entries):
+            entry = {"id": model_id, "name": name, "path": path, "bundled": False, "opened": True}
+            self.opened.append(entry)
+            self.entries.append(entry)
+        self.rebuild()
+
+    def request_key(self, model_id: str) -> str:
+        """What to send in SwitchTarget for `model_id`: its id, or its path if opened by path."""
+        for entry in self.opened:
+            if entry["id"] == model_id:
+                return entry["path"]
+        return model_id
+
+    def name_of(self, model_id: str) -> str:
+        for entry in self.entries:
+            if entry["id"] == model_id:
+                return entry["name"]
+        return model_id
+
+    def path_of(self, model_id: str) -> str | None:
+        for entry in self.entries:
+            if entry["id"] == model_id:
+                return entry.get("path") or None
+        return None
+
+    def rebuild(self) -> None:
+        self.clear()
+        for action in self._group.actions():
+            self._group.removeAction(action)
+        if not self.entries:
+            waiting = self.addAction("Waiting for the engine…")
+            waiting.setEnabled(False)
+        for entry in self.entries:
+            label = entry["name"] + ("" if entry.get("bundled") else "  (local)")
+            action = QAction(label, self, checkable=True)
+            action.setData(entry["id"])
+            action.setToolTip(entry.get("path") or entry["id"])
+            action.setChecked(entry["id"] == self.current)
+            action.triggered.connect(lambda _checked=False, i=entry["id"]: self._picked(i))
+            self._group.addAction(action)
+            self.addAction(action)
+        self.addSeparator()
+        self.addAction("Add local model folder…", self.ask_add_folder)
+        self.addAction("Add local GGUF file…", self.ask_add_file)
+
+    def checked_id(self) -> str | None:
+        action = self._group.checkedAction()
+        return action.data() if action else None
+
+    def _picked(self, model_id: str) -> None:
+        # The check mark moves only once the model has loaded (set_current); until
+        # then it stays on the model that is actually answering.
+        self.rebuild()
+        if model_id != self.current:
+            self.switch_requested.emit(self.request_key(model_id))
+
+    def ask_add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(
+            self.parentWidget(), "Add a Hugging Face model folder"
+        )
+        if folder:
+            self.add_requested.emit(folder)
+
+    def ask_add_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self.parentWidget(), "Add a GGUF model file", "", "GGUF models (*.gguf);;All files (*)"
+        )
+        if path:
+            self.add_requested.emit(path)
+

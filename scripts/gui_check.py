@@ -1,0 +1,149 @@
+"""Drive the real desktop app once and measure how responsive it stays.
+
+Starts the window (offscreen unless a display is set) with a real engine
+worker, loads a target, sends the given prompts one after another, and
+reports the worst event-loop stall per phase (engine start, model loading,
+streaming) from the window's 10 ms stall monitor. Optionally saves
+screenshots of the window, the charts and the settings dialog.
+
+    .venv/bin/python scripts/gui_check.py --target gemma-3-270m \
+        --prompt "Write a Python function that reverses a string." --shots docs/screenshots
+
+User data goes to a fresh temporary OMNIDRAFT_HOME; --cache points its cache
+at an existing one (converted weights) so models are not converted again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="gemma-3-270m", help="catalog id or model path")
+    p.add_argument("--prompt", action="append", help="a message to send (repeatable)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--cache", help="an existing cache folder (holding models/, gguf/) to reuse")
+    p.add_argument("--shots", help="folder for PNG screenshots")
+    p.add_argument("--highlight", action="store_true", help="tint text from accepted drafts")
+    p.add_argument("--size", default="1280x800")
+    p.add_argument("--timeout", type=float, default=900.0)
+    return p.parse_args(argv)
+
+
+def prepare_home(args: argparse.Namespace) -> Path:
+    home = Path(tempfile.mkdtemp(prefix="omnidraft-gui-check-"))
+    if args.cache:
+        (home / "cache").mkdir()
+        for name in ("models", "gguf"):
+            source = Path(args.cache).expanduser().resolve() / name
+            if source.exists():
+                (home / "cache" / name).symlink_to(source)
+    (home / "config").mkdir()
+    settings = {"max_new_tokens": args.max_new_tokens, "highlight_drafts": args.highlight}
+    (home / "config" / "settings.json").write_text(json.dumps(settings))
+    os.environ["OMNIDRAFT_HOME"] = str(home)
+    return home
+
+
+async def until(predicate, timeout: float) -> None:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError("the app did not get there in time")
+        await asyncio.sleep(0.05)
+
+
+async def drive(window, args, shots: Path | None) -> dict:
+    from omnidraft.core.protocol import ErrorEvent, TurnDone
+
+    events: list = []
+    window.bridge.event.connect(events.append)
+    started = time.monotonic()
+    await until(lambda: window.current_target is not None
+                or any(isinstance(e, ErrorEvent) for e in events), args.timeout)
+    if window.current_target is None:
+        raise SystemExit(f"the model did not load: {[e.message for e in events if isinstance(e, ErrorEvent)]}")
+    load_s = time.monotonic() - started
+    turns = []
+    for prompt in args.prompt or ["Write a short Python function that reverses a string, and explain it."]:
+        window.chat.composer.setPlainText(prompt)
+        window.chat._submit()
+        request_id = window.active.request_id
+        await until(lambda rid=request_id: any(isinstance(e, TurnDone) and e.request_id == rid
+                                               for e in events), args.timeout)
+        done = next(e for e in events if isinstance(e, TurnDone) and e.request_id == request_id)
+        turns.append({"reason": done.reason, **{k: done.stats.get(k) for k in (
+            "method", "new_tokens", "tokens_per_s", "acceptance_rate", "tokens_per_step")},
+            "baseline_tokens_per_s": done.baseline_tokens_per_s})
+    await asyncio.sleep(0.5)  # let the last layout settle
+    stall = window.stall  # read before the screenshots: grabbing a window is our own stall
+    stall_ms = {"worst_overall": round(stall.max_stall_ms, 1),
+                **{k: round(v, 1) for k, v in stall.phase_max_ms.items()}}
+    ticks = stall.ticks
+    if shots:
+        shots.mkdir(parents=True, exist_ok=True)
+        window.grab().save(str(shots / "main-window.png"))
+        window.charts.grab().save(str(shots / "charts.png"))
+        menu = window.targets_menu
+        menu.popup(window.mapToGlobal(window.rect().center()))
+        await asyncio.sleep(0.2)
+        menu.grab().save(str(shots / "targets-menu.png"))
+        menu.hide()
+        from omnidraft.app.settings_dialog import SettingsDialog
+        from omnidraft.core import paths
+
+        dialog = SettingsDialog(window.settings, str(paths.data_dir()), window)
+        dialog.show()
+        await asyncio.sleep(0.2)
+        dialog.grab().save(str(shots / "settings.png"))
+        dialog.close()
+    return {
+        "target": window.current_target,
+        "load_seconds": round(load_s, 1),
+        "turns": turns,
+        "stall_ms": stall_ms,
+        "stall_ticks": ticks,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    prepare_home(args)
+    import qasync
+    from omnidraft.app.main_window import MainWindow
+    from omnidraft.app.theme import apply_theme
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication(sys.argv)
+    apply_theme(app)
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    window = MainWindow(target=args.target)
+    width, height = (int(v) for v in args.size.split("x"))
+    window.resize(width, height)
+    window.show()
+    window.start()
+    shots = Path(args.shots) if args.shots else None
+    async def run() -> dict:
+        try:
+            return await drive(window, args, shots)
+        finally:
+            window.close()  # saves and stops the worker while the loop still runs
+
+    with loop:
+        report = loop.run_until_complete(run())
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

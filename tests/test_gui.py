@@ -1,0 +1,528 @@
+"""The desktop app against a real engine worker running a tiny random model.
+
+One window (and one worker process) serves the whole module: starting a
+worker costs seconds, and the tests follow what a person does in one
+session: chat, stop, switch targets, add a bad model, survive a worker
+crash, look at the charts, close. Each test starts from a fresh chat and
+waits for the app to be idle, so they do not depend on each other's details.
+Pure helpers (markdown splitting, draft tinting, metrics) are tested apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import qasync
+from omnidraft.app.main_window import NOTES, MainWindow
+from omnidraft.app.markdown_blocks import align, split_segments, tint_ranges
+from omnidraft.app.message_widget import MessageWidget, mask_from_runs, runs_from_mask
+from omnidraft.app.metrics_history import MetricsHistory, rolling_mean
+from omnidraft.core.conversations import ConversationStore
+from omnidraft.core.protocol import (
+    LearningProgress,
+    ModelLoaded,
+    ModelLoading,
+    TokenBatch,
+    TurnDone,
+)
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+
+WAIT_MS = 60_000  # generous: the 2-core machine is shared; real waits are ~1-5 s
+SHORT_REPLY = 16
+LONG_REPLY = 1500  # long enough to still be streaming when the test presses Stop
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def gui_home(tmp_path_factory):
+    """Like conftest's `home`, for the whole module: the window lives that long."""
+    home = tmp_path_factory.mktemp("gui") / "home"
+    home.mkdir()
+    # Converted weights (the drafter's) are a cache: share the session home's, whose
+    # folders conftest links to .test-cache, instead of converting again.
+    (home / "cache").symlink_to(Path(os.environ["OMNIDRAFT_HOME"]) / "cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMNIDRAFT_HOME", str(home))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, smol_tok):
+    """Two tiny Llama targets (different seeds) with SmolLM2's real tokenizer."""
+    from tiny import tiny_llama  # tests/ is on sys.path (conftest's folder)
+
+    folders = []
+    for seed in (0, 1):
+        folder = tmp_path_factory.mktemp(f"tiny-target-{seed}")
+        tiny_llama(len(smol_tok), seed=seed).save_pretrained(folder)
+        smol_tok.save_pretrained(folder)
+        folders.append(str(folder))
+    return folders
+
+
+@pytest.fixture(scope="module")
+def qt_loop(qapp):
+    """The qasync loop, attached to the Qt loop pytest-qt already spins."""
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.events._set_running_loop(None)
+    asyncio.set_event_loop(None)
+
+
+class Recorder:
+    def __init__(self):
+        self.events: list = []
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if os.environ.get("GUI_TEST_TRACE"):
+            import time
+
+            print(f"{time.monotonic():.2f} {type(event).__name__} {getattr(event, 'stage', '')}")
+
+    def of(self, kind, **match) -> list:
+        return [
+            e
+            for e in self.events
+            if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items())
+        ]
+
+
+@pytest.fixture(scope="module")
+def window(gui_home, tiny_models, qt_loop, qapp):
+    from omnidraft.app.theme import apply_theme
+    from pytestqt.qtbot import QtBot
+
+    apply_theme(qapp)
+    config = gui_home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    # Short replies unless a test asks for a long one; greedy (the default temperature).
+    (config / "settings.json").write_text(json.dumps({"max_new_tokens": SHORT_REPLY}))
+    win = MainWindow(target=tiny_models[0])
+    win.recorder = Recorder()
+    win.bridge.event.connect(win.recorder)
+    win.resize(1200, 760)
+    win.show()
+    win.start()
+    bot = QtBot(None)
+    bot.waitUntil(lambda: win.current_target is not None, timeout=WAIT_MS)
+    yield win
+    if not win._closed:
+        win.close()
+    print("\n" + win.stall.summary())
+    _dispose(qapp, win)
+
+
+def _dispose(qapp, widget) -> None:
+    """Delete the window's C++ side now, while the QApplication still exists: left to
+    interpreter exit, Qt and pyqtgraph objects can be torn down in a crashing order."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    widget.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    qapp.processEvents()
+
+
+def idle(qtbot, win) -> None:
+    qtbot.waitUntil(lambda: win.active is None and win.current_target is not None, timeout=WAIT_MS)
+
+
+def send(qtbot, win, text: str, max_tokens: int = SHORT_REPLY) -> int:
+    """Type `text` and press Enter, as a person would; returns the request id used."""
+    idle(qtbot, win)
+    win.apply_settings({"max_new_tokens": max_tokens})
+    qtbot.keyClicks(win.chat.composer, text)
+    qtbot.keyClick(win.chat.composer, Qt.Key.Key_Return)
+    assert win.active is not None, "Enter did not send"
+    return win.active.request_id
+
+
+def turn(qtbot, win, request_id: int) -> TurnDone:
+    qtbot.waitUntil(lambda: bool(win.recorder.of(TurnDone, request_id=request_id)), timeout=WAIT_MS)
+    idle(qtbot, win)
+    return win.recorder.of(TurnDone, request_id=request_id)[0]
+
+
+# ----------------------------------------------------------------- with the worker
+
+
+def test_window_opens_on_the_requested_target(window, tiny_models):
+    assert "OmniDraft" in window.windowTitle()
+    assert window.recorder.of(ModelLoaded)
+    assert window.targets_menu.checked_id() == window.current_target
+    assert window.progress.isHidden()
+    # Where no keyring exists the key-file fallback is said visibly.
+    if window.keys.fallback_warning:
+        assert "encrypt" in window.banner.text()
+
+
+def test_chat_round_trip(window, qtbot):
+    window.new_chat()
+    replies_before = len(window.history.replies)
+    qtbot.keyClicks(window.chat.composer, "first line")
+    qtbot.keyClick(window.chat.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    assert window.chat.composer.toPlainText() == "first line\n"  # Shift+Enter: newline only
+    assert window.active is None
+    window.chat.composer.clear()
+
+    request_id = send(qtbot, window, "Hello, who are you?")
+    assert window.chat.busy and window.chat.send_button.text() == "Stop"
+    done = turn(qtbot, window, request_id)
+
+    assert done.reason in ("length", "eos", "stop")
+    assert done.text
+    shown = window.chat.messages
+    assert [m.role for m in shown] == ["user", "assistant"]
+    assert shown[1].raw == done.text
+    assert not window.chat.busy and window.chat.send_button.text() == "Send"
+    conv = window.store.get(window.current_conv)
+    assert [m["role"] for m in conv.messages] == ["user", "assistant"]
+    assert conv.messages[0]["content"] == "Hello, who are you?"
+    assert conv.messages[1]["content"] == done.text
+    assert conv.title == "Hello, who are you?"
+    assert window.sidebar.current_id() == conv.id
+    # TurnDone recorded in the charts with the engine's own numbers.
+    assert len(window.history.replies) == replies_before + 1
+    recorded = window.history.replies[-1]
+    assert recorded.model_id == done.model_id == window.current_target
+    assert recorded.new_tokens == done.stats["new_tokens"]
+    assert recorded.tokens_per_s == pytest.approx(done.stats["tokens_per_s"])
+    if done.baseline_tokens_per_s is None:
+        assert recorded.speedup is None  # never assumed
+    assert "tok/s" in window.statusBar().currentMessage()
+
+
+def test_stop_mid_reply_keeps_partial_text(window, qtbot):
+    window.new_chat()
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)  # window shortcuts fire only in the active window
+    request_id = send(qtbot, window, "Tell me a very long story.", max_tokens=LONG_REPLY)
+    qtbot.waitUntil(lambda: bool(window.recorder.of(TokenBatch, request_id=request_id)), timeout=WAIT_MS)
+    qtbot.keyClick(window.chat.composer, Qt.Key.Key_Escape)  # Esc is the Stop shortcut
+    done = turn(qtbot, window, request_id)
+
+    assert done.reason == "cancelled"
+    assert done.stats["new_tokens"] < LONG_REPLY
+    reply = window.chat.messages[-1]
+    assert reply.raw == done.text
+    assert reply.note.text() == NOTES["cancelled"]
+    saved = window.store.get(window.current_conv).messages[-1]
+    assert saved["content"] == done.text and saved["note"] == NOTES["cancelled"]
+
+
+def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatch):
+    window.new_chat()
+    done = turn(qtbot, window, send(qtbot, window, "Before the switch"))
+    conv_id, first_model = window.current_conv, window.current_target
+
+    # "Add local model folder…" in the Targets menu, with the folder dialog answered.
+    from PySide6.QtWidgets import QFileDialog
+
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: tiny_models[1])
+    add = next(a for a in window.targets_menu.actions() if a.text().startswith("Add local model folder"))
+    add.trigger()
+    qtbot.waitUntil(
+        lambda: window.current_target not in (None, first_model), timeout=WAIT_MS
+    )
+    second_model = window.current_target
+    assert window.recorder.of(ModelLoading, model_id=second_model) or window.recorder.of(ModelLoading)
+    assert window.targets_menu.checked_id() == second_model
+    assert window.progress.isHidden()
+    # The same conversation is on screen and continues with the new target.
+    assert window.current_conv == conv_id
+    assert window.chat.messages[1].raw == done.text
+    after = turn(qtbot, window, send(qtbot, window, "After the switch"))
+    assert after.model_id == second_model
+    assert len(window.store.get(conv_id).messages) == 4
+
+    # Switching back through the menu's check-marked entry.
+    back = next(a for a in window.targets_menu.actions() if a.data() == first_model)
+    back.trigger()
+    qtbot.waitUntil(lambda: window.current_target == first_model, timeout=WAIT_MS)
+    assert window.targets_menu.checked_id() == first_model
+    assert window.current_conv == conv_id
+
+
+def test_bad_model_path_shows_a_message(window, qtbot, tmp_path, monkeypatch):
+    idle(qtbot, window)
+    shown: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        QMessageBox, "warning", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
+    current = window.current_target
+    junk = tmp_path / "not-a-model"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("hello")
+    window.targets_menu.add_requested.emit(str(junk))
+    qtbot.waitUntil(lambda: len(shown) == 1, timeout=WAIT_MS)
+    assert shown[0][0] == "Could not add the model"
+    assert "not-a-model" in shown[0][1] and "config.json" in shown[0][1]
+
+    window.switch_target(str(tmp_path / "missing.gguf"))
+    qtbot.waitUntil(lambda: len(shown) == 2, timeout=WAIT_MS)
+    assert shown[1][0] == "Could not load the model"
+    assert "does not exist" in shown[1][1]
+    # The model that was answering still is, and still has the check mark.
+    assert window.current_target == current
+    assert window.targets_menu.checked_id() == current
+    assert window.progress.isHidden()
+
+
+def test_worker_killed_is_restarted_and_nothing_is_lost(window, qtbot):
+    window.new_chat()
+    done = turn(qtbot, window, send(qtbot, window, "A question before the crash"))
+    conv_id, target = window.current_conv, window.current_target
+    old_pid = window.bridge.handle.pid
+    loads_before = len(window.recorder.of(ModelLoaded))
+
+    request_id = send(qtbot, window, "Keep talking", max_tokens=LONG_REPLY)
+    qtbot.waitUntil(lambda: bool(window.recorder.of(TokenBatch, request_id=request_id)), timeout=WAIT_MS)
+    window.bridge.handle.kill()  # SIGKILL, as a crash or the OOM killer would
+
+    qtbot.waitUntil(lambda: "stopped unexpectedly" in window.banner.text(), timeout=WAIT_MS)
+    assert window.isVisible()
+    qtbot.waitUntil(lambda: len(window.recorder.of(ModelLoaded)) > loads_before, timeout=WAIT_MS)
+    assert window.bridge.handle.pid != old_pid and window.bridge.is_alive()
+    assert window.current_target == target
+    assert "stopped unexpectedly" not in window.banner.text()  # cleared once reloaded
+
+    conv = window.store.get(conv_id)
+    assert conv.messages[1]["content"] == done.text
+    partial = conv.messages[3]
+    assert partial["note"] == NOTES["worker_died"]
+    assert window.chat.messages[-1].note.text() == NOTES["worker_died"]
+    # Saved, not only in memory: a fresh store reads it back from disk.
+    reread = ConversationStore(keys=window.keys).get(conv_id)
+    assert reread.messages[3]["content"] == partial["content"]
+    # And the restarted engine answers.
+    again = turn(qtbot, window, send(qtbot, window, "Are you back?"))
+    assert again.reason in ("length", "eos", "stop") and again.model_id == target
+
+
+def test_charts_receive_metrics_and_export(window, qtbot, tmp_path):
+    idle(qtbot, window)
+    measured = [e for e in window.recorder.of(TurnDone) if e.stats and e.stats["new_tokens"] > 0]
+    assert len(window.history.replies) == len(measured)
+    assert window.charts.tps_plot.listDataItems(), "tokens-per-step plot is empty"
+
+    # Learning progress as the worker reports it lands in the learning chart.
+    target = window.current_target
+    for steps, loss, acc in ((1, 2.5, 0.1), (2, 2.1, 0.2)):
+        window.on_event(LearningProgress(target, "running", steps, 8 * steps, loss, acc))
+    assert [m.steps for m in window.history.learning_for(target)][-2:] == [1, 2]
+    assert window.learning_label.text().startswith("Learning: running")
+    assert window.charts.learning_plot.listDataItems()
+    window.on_event(LearningProgress(target, "idle"))
+    assert window.learning_label.text() == "Learning: idle"
+
+    png, csv_path = tmp_path / "charts.png", tmp_path / "metrics.csv"
+    window.charts.export_png(png)
+    window.charts.export_csv(csv_path)
+    assert png.stat().st_size > 1000
+    rows = csv_path.read_text().splitlines()
+    assert rows[0].startswith("kind,")
+    assert sum(r.startswith("reply,") for r in rows) == len(window.history.replies)
+    assert sum(r.startswith("learning,") for r in rows) == len(window.history.learning)
+
+    window.charts.save()
+    restored = MetricsHistory()
+    restored.load()
+    assert len(restored.replies) == len(window.history.replies)
+    assert restored.learning[-1].loss == 2.1
+
+
+def test_pause_learning_is_sent_and_remembered(window, qtbot):
+    idle(qtbot, window)
+    window.pause_action.trigger()
+    assert window.settings.learning_paused
+    qtbot.waitUntil(lambda: bool(window.recorder.of(LearningProgress, state="paused")), timeout=WAIT_MS)
+    assert window.learning_label.text() == "Learning: paused"
+    window.pause_action.trigger()
+    assert not window.settings.learning_paused
+
+
+def test_rename_and_delete_chats(window, qtbot, monkeypatch):
+    from PySide6.QtWidgets import QInputDialog
+
+    idle(qtbot, window)
+    conv_id = window.current_conv
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed chat", True))
+    window.sidebar.ask_rename(conv_id)
+    assert window.store.get(conv_id).title == "Renamed chat"
+    assert window.sidebar.title_of(conv_id) == "Renamed chat"
+
+    window.new_chat()
+    doomed = turn(qtbot, window, send(qtbot, window, "Short-lived chat"))
+    doomed_id = window.current_conv
+    assert doomed.text
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    window.sidebar.ask_delete(doomed_id)
+    assert doomed_id not in window.store and doomed_id not in window.sidebar.ids()
+    assert window.current_conv != doomed_id
+    assert not (window.store.folder / f"{doomed_id}.chat").exists()
+
+
+def test_settings_change_reaches_window_and_disk(window, qtbot):
+    from omnidraft.app.settings_dialog import SettingsDialog
+    from omnidraft.core.settings import load_settings
+
+    idle(qtbot, window)
+    dialog = SettingsDialog(window.settings, "/somewhere", window)
+    qtbot.addWidget(dialog)
+    dialog.temperature.setValue(0.7)
+    dialog.adaptive.setChecked(True)
+    dialog.gamma.setValue(0.4)
+    dialog.highlight.setChecked(True)
+    assert dialog.data_folder.isReadOnly()
+    window.apply_settings(dialog.changes())
+    saved, problems = load_settings()
+    assert not problems
+    assert (saved.temperature, saved.adaptive_gamma, saved.highlight_drafts) == (0.7, 0.4, True)
+    assert window.chat.highlight and window.highlight_action.isChecked()
+    window.apply_settings({"temperature": 0.0, "adaptive_gamma": None, "highlight_drafts": False})
+    assert not window.chat.highlight
+
+
+def test_reset_personalization_asks_first(window, qtbot, monkeypatch):
+    idle(qtbot, window)
+    answers = iter([QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Yes])
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: next(answers))
+    before = len(window.recorder.events)
+    window.reset_personalization()  # cancelled: nothing is sent
+    window.reset_personalization()
+    # The worker answers with a notice (done) or an error (not supported): either way it heard.
+    qtbot.waitUntil(lambda: len(window.recorder.events) > before, timeout=WAIT_MS)
+
+
+def test_close_saves_and_stops_the_worker(window, qtbot):
+    idle(qtbot, window)
+    conv_ids = {c.id for c in window.store.list()}
+    handle = window.bridge.handle
+    window.close()
+    assert window._closed and not handle.is_alive()
+    assert {c.id for c in ConversationStore(keys=window.keys).list()} == conv_ids
+    assert (Path(os.environ["OMNIDRAFT_HOME"]) / "config" / "settings.json").exists()
+
+
+# ----------------------------------------------------------------- pure helpers
+
+
+def test_split_segments_finds_code_blocks_even_unclosed():
+    raw = "Intro *text*\n\n```python\nprint(1)\n```\nafter\n~~~\nopen"
+    segs = split_segments(raw)
+    assert [(s.kind, s.lang) for s in segs] == [
+        ("text", ""), ("code", "python"), ("text", ""), ("code", ""),
+    ]
+    assert segs[1].text == "print(1)" and raw[segs[1].start :].startswith("print(1)")
+    assert segs[3].text == "open"  # still streaming: runs to the end
+    assert split_segments("") == [split_segments("")[0]] and split_segments("")[0].kind == "text"
+
+
+def test_draft_tint_follows_rendered_markdown():
+    source = "**bold** plain"
+    rendered = "bold plain"
+    mapping = align(source, rendered)
+    assert mapping[0] == 2 and mapping[-1] == len(source) - 1
+    drafted = [False] * len(source)
+    for i in range(source.index("plain"), len(source)):
+        drafted[i] = True
+    assert tint_ranges(drafted, 0, mapping) == [(5, 10)]
+    assert mask_from_runs(runs_from_mask(drafted), len(drafted)) == drafted
+
+
+def test_message_widget_tints_drafted_text(qtbot):
+    widget = MessageWidget("assistant", "Model")
+    qtbot.addWidget(widget)
+    widget.set_highlight(True)
+    widget.append([("Hello ", False), ("world", True)])
+    doc = widget.body.blocks[0].document()
+    from PySide6.QtGui import QTextCursor
+
+    def background_at(pos: int):
+        cursor = QTextCursor(doc)
+        cursor.setPosition(pos + 1)
+        return cursor.charFormat().background().color().name()
+
+    assert background_at(7) != background_at(1)
+
+
+def test_rolling_mean_and_speedup_only_when_measured(tmp_path):
+    assert rolling_mean([1, 0, 1, 0], window=2) == [1, 0.5, 0.5, 0.5]
+    history = MetricsHistory(tmp_path / "m.json")
+    stats = {"method": "omnidraft", "new_tokens": 10, "seconds": 1.0, "tokens_per_s": 10.0,
+             "acceptance_rate": 0.5, "tokens_per_step": 2.0, "proposed": 4, "accepted": 2}
+    assert history.add_turn(stats, "m", None).speedup is None
+    assert history.add_turn(stats, "m", 5.0).speedup == pytest.approx(2.0)
+    history.save()
+    again = MetricsHistory(tmp_path / "m.json")
+    again.load()
+    assert [r.speedup for r in again.replies] == [None, pytest.approx(2.0)]
+
+
+class IdleWorker:
+    """A worker handle that never starts: for tests of the window's own start-up."""
+
+    pid = None
+    exitcode = None
+
+    def start(self) -> None: ...
+    def is_alive(self) -> bool:
+        return False
+    def poll(self, timeout: float = 0.0) -> list:
+        return []
+    def send(self, request) -> None: ...
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+
+def test_window_restores_saved_chart_history(home, qapp, qt_loop):
+    saved = MetricsHistory()
+    stats = {"method": "omnidraft", "new_tokens": 8, "seconds": 2.0, "tokens_per_s": 4.0,
+             "acceptance_rate": 0.25, "tokens_per_step": 1.5, "proposed": 8, "accepted": 2}
+    saved.add_turn(stats, "some-target", 2.0)
+    saved.save()
+    win = MainWindow(handle=IdleWorker())
+    try:
+        assert len(win.history.replies) == 1
+        assert win.charts.target_combo.findData("some-target") >= 0
+        assert win.charts.acceptance_plot.listDataItems()
+        assert win.charts.speedup_plot.listDataItems()
+    finally:
+        win.close()
+        _dispose(qapp, win)
+
+
+def test_clear_all_data_keeps_only_the_key(home, qapp, qt_loop):
+    from omnidraft.core import paths
+
+    win = MainWindow(handle=IdleWorker())
+    try:
+        conv = win.store.new()
+        win.store.append_message(conv.id, "user", "private words")
+        win.charts.add_turn({"new_tokens": 3, "tokens_per_s": 1.0}, "m", None)
+        win.charts.save()
+        (paths.data_dir() / "state").mkdir()
+        (paths.data_dir() / "state" / "adapter.bin").write_bytes(b"learned")
+        win.clear_all_data()
+        left = sorted(p.name for p in paths.data_dir().iterdir())
+        assert "state" not in left and not list((paths.data_dir() / "conversations").glob("*"))
+        assert "key" in left or win.keys.fallback_warning is None
+        assert win.history.replies == [] and len(win.store) == 0
+        assert "deleted" in win.banner.text()
+    finally:
+        win.close()
+        _dispose(qapp, win)
+
+
+def test_qt_binding_keeps_none_alive(qapp):
+    """PySide6 6.12.0 on Python 3.11 aborts a GUI session after minutes (see app/qt_check)."""
+    from omnidraft.app.qt_check import binding_problem
+
+    assert binding_problem() is None
