@@ -23,8 +23,12 @@ class DraftSettings:
     k: int = 4  # drafter tokens per step
     num_layers: int | None = None  # None = all of the drafter's layers
     int8: bool = True  # weight-only int8 for the drafting steps (bf16 only)
-    # Stop drafting early once the drafter's own top probability falls below this.
-    min_confidence: float = 0.0
+    # Stop drafting early once the drafter's own top probability falls below this
+    # (chosen by scripts/drafter_sweep.py, see docs/drafter.md).
+    min_confidence: float = 0.5
+    # Adaptive drafting (OMNIDRAFT.md §3): stop once 1 - prod(P_i) > gamma. Without a
+    # trained acceptance head, P_i is the drafter's own top probability. None = off.
+    gamma: float | None = None
 
 
 @dataclass
@@ -118,6 +122,7 @@ class Drafter:
         logits = self._logits
         if logits is None:
             return out
+        all_accepted = 1.0  # running product of P_i for the adaptive rule
         for i in range(k):
             if cfg.greedy:
                 probs = torch.softmax(logits.float(), -1)
@@ -131,8 +136,13 @@ class Drafter:
             out.q.append(float(probs[tok]))
             if out.dists is not None:
                 out.dists.append(probs)
+            confidence = float(probs.max())
+            all_accepted *= confidence
+            gamma = self.settings.gamma
             # The last drafted token needs no forward: nothing is drafted after it.
-            if i == k - 1 or float(probs.max()) < self.settings.min_confidence:
+            if i == k - 1 or confidence < self.settings.min_confidence:
+                break
+            if gamma is not None and 1.0 - all_accepted > gamma:
                 break
             logits = self.net.forward([tok])[0][-1]
             self.cached.append(tok)

@@ -320,6 +320,7 @@ class Engine:
         k = int(getattr(settings, "draft_length", self.spec_options.k))
         self.spec_options.k = k
         self.draft_settings.k = k
+        self.draft_settings.gamma = getattr(settings, "adaptive_gamma", None)
         threads = int(getattr(settings, "learner_threads", self.learn_settings.threads))
         self.learn_settings.threads = threads
         for learner in self._learners.values():

@@ -24,7 +24,7 @@ PROMPTS = [
 
 def _drafter(model, tok, **settings):
     loaded = LoadedModel(ModelEntry("tiny", "tiny drafter", ""), model, tok, 0.0)
-    return Drafter(loaded, DraftSettings(int8=False, **settings), max_len=512)
+    return Drafter(loaded, DraftSettings(**{"int8": False, "min_confidence": 0.0, **settings}), max_len=512)
 
 
 def _run_spec(target, ttok, drafter, bridge, prompt, cfg, **opts):
@@ -136,3 +136,18 @@ def test_lean_forward_matches_transformers(smol_tok):
     lean.rollback(5)  # rolled back: recomputing from position 5 gives the same logits
     again, _ = lean.forward(ids[5:])
     torch.testing.assert_close(again, ref[5:], atol=1e-4, rtol=1e-4)
+
+
+def test_draft_length_adapts_to_the_drafters_confidence(smol_tok):
+    model = tiny_llama(len(smol_tok), seed=2)  # random: never confident
+    ids = smol_tok(PROMPTS[0])["input_ids"]
+    cfg = GenerationConfig()
+    fixed = _drafter(model, smol_tok, k=4, min_confidence=0.0)
+    fixed.start(ids)
+    assert len(fixed.draft(cfg, None).ids) == 4
+    shy = _drafter(model, smol_tok, k=4, min_confidence=0.9)
+    shy.start(ids)
+    assert len(shy.draft(cfg, None).ids) == 1
+    adaptive = _drafter(model, smol_tok, k=4, min_confidence=0.0, gamma=0.05)
+    adaptive.start(ids)
+    assert len(adaptive.draft(cfg, None).ids) == 1
