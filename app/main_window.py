@@ -501,6 +501,7 @@ class MainWindow(QMainWindow):
             self.store.save(reply.conv_id)
         widget = self.chat.current_reply() if self.current_conv == reply.conv_id else None
         if widget is not None:
+            widget.flush()
             if widget.raw != text:
                 widget.set_text(text, drafted)
             widget.set_note(note)

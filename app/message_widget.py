@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
+from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
 from .markdown_blocks import ReplyBody, copy_button
+
+# A streaming reply is re-rendered whole (markdown cannot be appended to safely), so
+# a long one costs more per batch. Waiting this many times the last render's cost
+# before the next keeps rendering under ~20% of the GUI thread at any length.
+RENDER_COST_FACTOR = 4.0
 
 
 def describe_stats(stats: dict | None, baseline: float | None = None) -> str:
@@ -51,6 +59,10 @@ class MessageWidget(QFrame):
         self.raw = ""
         self.drafted: list[bool] = []  # per character of raw: came from accepted drafts
         self.highlight = False
+        self._render_cost = 0.0
+        self._rendered_at = 0.0
+        self._render_timer = QTimer(self, singleShot=True)
+        self._render_timer.timeout.connect(self._render)
 
         self.author = QLabel(author)
         self.author.setObjectName("Author")
@@ -87,7 +99,18 @@ class MessageWidget(QFrame):
         for text, from_draft in pieces:
             self.raw += text
             self.drafted.extend([bool(from_draft)] * len(text))
-        self._render()
+        if self._render_timer.isActive():
+            return  # already scheduled; it will show this text too
+        wait = self._rendered_at + self._render_cost * RENDER_COST_FACTOR - time.perf_counter()
+        if wait <= 0:
+            self._render()
+        else:
+            self._render_timer.start(max(1, int(wait * 1000)))
+
+    def flush(self) -> None:
+        """Show everything appended so far now (the reply finished)."""
+        if self._render_timer.isActive():
+            self._render()
 
     def set_highlight(self, on: bool) -> None:
         if on != self.highlight:
@@ -104,4 +127,8 @@ class MessageWidget(QFrame):
         self.meta.setVisible(bool(text))
 
     def _render(self) -> None:
+        self._render_timer.stop()
+        start = time.perf_counter()
         self.body.render(self.raw, self.drafted if self.highlight else None)
+        self._rendered_at = time.perf_counter()
+        self._render_cost = self._rendered_at - start

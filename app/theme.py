@@ -8,6 +8,8 @@ below only has to adjust it, not fight a native style.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPainterPath, QPalette, QPen, QPixmap
 from PySide6.QtWidgets import QApplication
@@ -101,8 +103,28 @@ QSplitter::handle {{ background: {BORDER}; }}
 """
 
 
+def _icon_file() -> Path | None:
+    """The project icon (resources/omnidraft.svg) in a source or editable install."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "resources" / "omnidraft.svg",
+                      here.parent / "omnidraft" / "resources" / "omnidraft.svg"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def app_icon() -> QIcon:
-    """A rounded accent square with a white 'O' and a green draft mark."""
+    path = _icon_file()
+    if path is not None:
+        icon = QIcon(str(path))
+        if not icon.isNull():
+            return icon
+    return _drawn_icon()
+
+
+def _drawn_icon() -> QIcon:
+    """Where the SVG is not installed: a rounded accent square with a white 'O' and
+    a green draft mark, so the window never shows a blank icon."""
     icon = QIcon()
     for size in (16, 32, 64, 128, 256):
         pixmap = QPixmap(size, size)

@@ -218,6 +218,26 @@ def test_stop_mid_reply_keeps_partial_text(window, qtbot):
     assert saved["content"] == done.text and saved["note"] == NOTES["cancelled"]
 
 
+def test_switching_chats_mid_reply_loses_nothing(window, qtbot):
+    window.new_chat()
+    other = window.current_conv
+    turn(qtbot, window, send(qtbot, window, "A finished chat"))
+    window.new_chat()
+    streaming = window.current_conv
+    request_id = send(qtbot, window, "A long reply, please.", max_tokens=LONG_REPLY)
+    qtbot.waitUntil(lambda: bool(window.recorder.of(TokenBatch, request_id=request_id)), timeout=WAIT_MS)
+    window.sidebar.list.setCurrentRow(window.sidebar.ids().index(other))  # a click in the list
+    assert window.current_conv == other and len(window.chat.messages) == 2
+    qtbot.wait(100)  # the reply keeps streaming into its own chat meanwhile
+    window.sidebar.list.setCurrentRow(window.sidebar.ids().index(streaming))
+    assert window.chat.messages[-1].raw == window.active.text
+    window.stop_reply()
+    done = turn(qtbot, window, request_id)
+    assert window.chat.messages[-1].raw == done.text
+    assert window.store.get(streaming).messages[-1]["content"] == done.text
+    assert window.store.get(other).messages[-1]["content"]  # untouched
+
+
 def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatch):
     window.new_chat()
     done = turn(qtbot, window, send(qtbot, window, "Before the switch"))
@@ -443,6 +463,7 @@ def test_message_widget_tints_drafted_text(qtbot):
     qtbot.addWidget(widget)
     widget.set_highlight(True)
     widget.append([("Hello ", False), ("world", True)])
+    widget.flush()  # streaming renders are paced; the finished reply is shown at once
     doc = widget.body.blocks[0].document()
     from PySide6.QtGui import QTextCursor
 
