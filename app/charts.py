@@ -90,11 +90,13 @@ class ChartsPanel(QWidget):
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.ci.setSpacing(12)
         self.acceptance_plot = self._add_plot(
-            "Acceptance per reply (dots) · rolling mean of 10 (line)", "reply", (0, 1)
+            "Acceptance rate per reply", "", (0, 1), "dots: each reply · line: mean of last 10"
         )
-        self.speedup_plot = self._add_plot("Speedup vs plain decoding (measured)", "reply")
-        self.tps_plot = self._add_plot("Target tokens per step", "reply")
-        self.learning_plot = self._add_plot("Learning: loss (left) · acceptance (right)", "learner step")
+        self.speedup_plot = self._add_plot("Speedup per reply vs plain decoding", "")
+        self.tps_plot = self._add_plot("Target tokens per step, per reply", "")
+        self.learning_plot = self._add_plot(
+            "Learning", "learner step", None, "blue: loss (left) · orange: acceptance (right)"
+        )
         self._add_learning_acceptance_axis()
 
         layout = QVBoxLayout(self)
@@ -107,13 +109,20 @@ class ChartsPanel(QWidget):
 
     # ------------------------------------------------------------ building
 
-    def _add_plot(self, title: str, x_label: str, y_range: tuple[float, float] | None = None):
+    def _add_plot(
+        self, title: str, x_label: str, y_range: tuple[float, float] | None = None,
+        subtitle: str = "",
+    ):
+        # Short titles: a title wider than the panel widens the whole plot column.
+        if subtitle:
+            title += f"<br><span style='font-size:8pt; color:{MUTED}'>{subtitle}</span>"
         plot = self.plots.addPlot(
             title=f"<span style='font-size:10pt'>{title}</span>",
             axisItems={"bottom": CountAxis("bottom")},
         )
         plot.showGrid(x=True, y=True, alpha=0.15)
-        plot.setLabel("bottom", x_label)
+        if x_label:
+            plot.setLabel("bottom", x_label)
         plot.setMenuEnabled(False)
         plot.getViewBox().setMouseEnabled(x=True, y=False)
         plot.getAxis("left").enableAutoSIPrefix(False)  # "loss (x0.001)" reads badly
@@ -275,7 +284,8 @@ class ChartsPanel(QWidget):
             return self._placeholder(plot, "Not trained on this target yet")
         if losses:
             xs, ys = zip(*losses)
-            plot.plot(xs, ys, pen=_pen(ACCENT))
+            plot.plot(xs, ys, pen=_pen(ACCENT), symbol="o", symbolSize=5, symbolBrush=ACCENT,
+                      symbolPen=None)
         if accs:
             xs, ys = zip(*accs)
             curve = pg.PlotDataItem(xs, ys, pen=_pen(ACCENT_2), symbol="t", symbolSize=6,

@@ -9,6 +9,8 @@ screenshots of the window, the charts and the settings dialog.
     .venv/bin/python scripts/gui_check.py --target gemma-3-270m \
         --prompt "Write a Python function that reverses a string." --shots docs/screenshots
 
+--learn-seconds N then asks the engine to learn now and watches it for N seconds.
+
 User data goes to a fresh temporary OMNIDRAFT_HOME; --cache points its cache
 at an existing one (converted weights) so models are not converted again.
 """
@@ -33,6 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", help="an existing cache folder (holding models/, gguf/) to reuse")
     p.add_argument("--shots", help="folder for PNG screenshots")
     p.add_argument("--highlight", action="store_true", help="tint text from accepted drafts")
+    p.add_argument("--learn-seconds", type=float, default=0.0,
+                   help="after the prompts, ask the engine to learn now and watch it this long")
     p.add_argument("--size", default="1280x800")
     p.add_argument("--timeout", type=float, default=900.0)
     return p.parse_args(argv)
@@ -83,6 +87,13 @@ async def drive(window, args, shots: Path | None) -> dict:
         turns.append({"reason": done.reason, **{k: done.stats.get(k) for k in (
             "method", "new_tokens", "tokens_per_s", "acceptance_rate", "tokens_per_step")},
             "baseline_tokens_per_s": done.baseline_tokens_per_s})
+    learning = None
+    if args.learn_seconds > 0:
+        window.learn_now()
+        await asyncio.sleep(args.learn_seconds)
+        points = window.history.learning_for(window.current_target)
+        learning = {"points": len(points), "last": points[-1].__dict__ if points else None,
+                    "state": window.learning_state}
     await asyncio.sleep(0.5)  # let the last layout settle
     stall = window.stall  # read before the screenshots: grabbing a window is our own stall
     stall_ms = {"worst_overall": round(stall.max_stall_ms, 1),
@@ -109,6 +120,7 @@ async def drive(window, args, shots: Path | None) -> dict:
         "target": window.current_target,
         "load_seconds": round(load_s, 1),
         "turns": turns,
+        "learning": learning,
         "stall_ms": stall_ms,
         "stall_ticks": ticks,
     }
