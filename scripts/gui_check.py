@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -37,6 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--highlight", action="store_true", help="tint text from accepted drafts")
     p.add_argument("--learn-seconds", type=float, default=0.0,
                    help="after the prompts, ask the engine to learn now and watch it this long")
+    p.add_argument("--keep-home", action="store_true", help="keep the temporary data folder")
     p.add_argument("--size", default="1280x800")
     p.add_argument("--timeout", type=float, default=900.0)
     return p.parse_args(argv)
@@ -129,7 +131,7 @@ async def drive(window, args, shots: Path | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    prepare_home(args)
+    home = prepare_home(args)
     import qasync
     from omnidraft.app.main_window import MainWindow
     from omnidraft.app.theme import apply_theme
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     with loop:
         report = loop.run_until_complete(run())
     print(json.dumps(report, indent=2))
+    if not args.keep_home:  # only links into --cache live there besides our own files
+        shutil.rmtree(home, ignore_errors=True)
     return 0
 
 
