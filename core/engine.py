@@ -118,7 +118,9 @@ class Engine:
             return
         progress("Loading the drafter", 0.97)
         entry = self.catalog.get(self.drafter_id)
-        self.drafter = load(entry, self.dtype)
+        # The drafter always runs bf16 with int8 weights (its lean path), whatever
+        # the target's dtype: its numbers never mix with the target's.
+        self.drafter = load(entry, torch.bfloat16)
         if self.drafter.model.config.model_type != "llama":
             raise ModelError("the drafter must be a Llama-architecture model")
         self._drafter = Drafter(self.drafter, self.draft_settings)
