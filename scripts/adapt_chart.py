@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication
 
 def main(report_path: str, png_path: str) -> None:
     adapt = json.loads(Path(report_path).read_text())["adapt"]
-    app = QApplication.instance() or QApplication(sys.argv)  # noqa: F841 - Qt needs one
+    app = QApplication.instance() or QApplication(sys.argv)
     pg.setConfigOptions(background="w", foreground="k", antialias=True)
     layout = pg.GraphicsLayoutWidget()
     layout.resize(900, 380)
@@ -38,6 +38,8 @@ def main(report_path: str, png_path: str) -> None:
         plot.getAxis("bottom").setTicks([[(0, "before"), (1, f"after {adapt['train_prompts']} prompts")]])
         plot.setYRange(0, max(before, after, 1e-6) * 1.25)
         plot.setMouseEnabled(False, False)
+    layout.show()  # lay the plots out at the widget's size before exporting
+    app.processEvents()
     exporter = pg.exporters.ImageExporter(layout.scene())
     exporter.parameters()["width"] = 900
     exporter.export(png_path)
