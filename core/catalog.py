@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -257,6 +256,3 @@ class ModelCatalog:
     def _save(self) -> None:
         atomic_write_json(self.store, {"user": [asdict(e) for e in self._user]})
 
-
-def describe(entry: ModelEntry) -> str:
-    return json.dumps(asdict(entry))

@@ -16,8 +16,8 @@ logits row is then the distribution for the first proposal.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
@@ -36,24 +36,12 @@ LEARN_LOOK_BEHIND = 4
 
 
 @dataclass
-class StepRecord:
-    """What one verification step saw (for the online learner)."""
-
-    drafted: list[int]  # drafter ids
-    proposals: list[int]  # target ids
-    spans: list[tuple[int, ...]]
-    accepted: int
-    source: str  # "drafter" or "lookup"
-
-
-@dataclass
 class SpecOptions:
     k: int = 4
     prompt_lookup: bool = True  # use context n-gram lookup before asking the drafter
     lookup_min_tokens: int = 2  # a lookup continuation shorter than this is not used
     max_proposals: int = 8  # cap after merging (a many-target n-gram can add tokens)
     use_ngram_cache: bool = True
-    records: list[StepRecord] = field(default_factory=list)
 
 
 def generate_speculative(
@@ -67,7 +55,6 @@ def generate_speculative(
     stop_ids: set[int],
     options: SpecOptions | None = None,
     cancel: Cancel = _never,
-    on_step: Callable[[StepRecord], None] | None = None,
 ) -> Iterator[TokenChunk | TurnFinished]:
     opts = options or SpecOptions()
     stats = TurnStats(method="omnidraft", prompt_tokens=len(prompt_ids))
@@ -93,12 +80,12 @@ def generate_speculative(
         t0 = time.perf_counter()
         room = cfg.max_new_tokens - len(stream.ids) - 1
         k = max(0, min(opts.k, room))
-        proposals, spans, q_prime, source, draft = [], [], [], "drafter", None
+        proposals, spans, q_prime, draft = [], [], [], None
         if k and opts.prompt_lookup:
             proposals = lookup(context, k)
             if len(proposals) >= opts.lookup_min_tokens:
                 # A lookup is a point-mass draft: q' = 1 on the proposed token.
-                source, spans, q_prime = "lookup", [()] * len(proposals), [1.0] * len(proposals)
+                spans, q_prime = [()] * len(proposals), [1.0] * len(proposals)
             else:
                 proposals = []
         if k and not proposals:
@@ -135,9 +122,6 @@ def generate_speculative(
         stats.accepted += n
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
-        record = StepRecord(draft.ids if draft else [], proposals, spans, n, source)
-        if on_step:
-            on_step(record)
 
         new = proposals[:n] + [nxt]
         yield from stream.push(new, drafted=n)
