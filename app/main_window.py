@@ -38,7 +38,7 @@ from omnidraft.core.protocol import (
 from omnidraft.core.secure_store import default_keystore
 from omnidraft.core.settings import load_settings, save_settings
 from omnidraft.core.worker import WorkerHandle
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -132,6 +132,7 @@ class MainWindow(QMainWindow):
             self.banner.show_message("keys", self.keys.fallback_warning)
         self._show_conversation(self._first_conversation())
         self._refresh_learning_label()
+        self._restore_layout()
 
     # ================================================================ building
 
@@ -155,14 +156,14 @@ class MainWindow(QMainWindow):
         right_layout.addWidget(self.banner)
         right_layout.addWidget(self.chat, 1)
 
-        splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.setHandleWidth(1)
-        splitter.addWidget(self.sidebar)
-        splitter.addWidget(right)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([250, 700])
-        splitter.setChildrenCollapsible(False)
-        self.setCentralWidget(splitter)
+        self.splitter = QSplitter(Qt.Orientation.Horizontal)
+        self.splitter.setHandleWidth(1)
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(right)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([250, 700])
+        self.splitter.setChildrenCollapsible(False)
+        self.setCentralWidget(self.splitter)
 
         self.charts = ChartsPanel(self.history, self._name_of)
         self.charts.exported.connect(lambda path: self.statusBar().showMessage(f"Saved {path}", STATUS_MS))
@@ -242,6 +243,27 @@ class MainWindow(QMainWindow):
 
     # ================================================================ lifecycle
 
+    def _layout_store(self) -> QSettings:
+        """Window size, position, docks and splitter, as Qt saves them (not user
+        data, so a plain INI file beside settings.json)."""
+        return QSettings(str(paths.config_dir() / "window.ini"), QSettings.Format.IniFormat)
+
+    def _restore_layout(self) -> None:
+        # restore*() returns False on unreadable data: the defaults above stay.
+        store = self._layout_store()
+        for key, restore in (("geometry", self.restoreGeometry), ("state", self.restoreState),
+                             ("splitter", self.splitter.restoreState)):
+            value = store.value(key)
+            if isinstance(value, QByteArray) and not restore(value):
+                log.warning("window layout: ignored an unreadable %s", key)
+
+    def _save_layout(self) -> None:
+        store = self._layout_store()
+        store.setValue("geometry", self.saveGeometry())
+        store.setValue("state", self.saveState())
+        store.setValue("splitter", self.splitter.saveState())
+        store.sync()
+
     def start(self) -> None:
         """Start measuring the event loop and the engine worker (needs the asyncio loop)."""
         self.stall.start()
@@ -263,6 +285,7 @@ class MainWindow(QMainWindow):
             self._finish_reply(self.active.text, note=NOTES["closed"])
         save_settings(self.settings)
         self.charts.save()
+        self._save_layout()
         self.stall.stop()
         log.info("%s", self.stall.summary())
         # A worker busy converting a model finishes its step before it reads Shutdown
@@ -366,6 +389,10 @@ class MainWindow(QMainWindow):
 
     def _on_learning(self, event: LearningProgress) -> None:
         self.learning_state = event.state
+        if event.state == "running":
+            self.stall.enter("learning")
+        else:
+            self.stall.leave("learning")
         self._learning_detail = event
         if event.steps > 0 and (event.loss is not None or event.acceptance is not None):
             self.charts.add_learning(

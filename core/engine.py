@@ -33,6 +33,7 @@ from .vocab_bridge import NgramCache, VocabBridge
 MAX_MESSAGE_CHARS = 200_000
 BASELINE_PROMPT = "Here is a short story about a lighthouse keeper and the sea.\n\n"
 BASELINE_TOKENS = 24
+MAX_CACHED_BRIDGES = 3
 
 
 class InputError(Exception):
@@ -76,6 +77,9 @@ class Engine:
         self.adapters: AdapterStore | None = None
         self.buffer: ReplayBuffer | None = None
         self._learners: dict[str, Learner] = {}
+        # Bridges of recent targets: Gemma's 262k-token map takes ~3 s to build,
+        # so switching back to a target reuses it.
+        self._bridges: OrderedDict[tuple[str, str], VocabBridge] = OrderedDict()
         # Benchmark evaluation: no recording, and the n-gram cache forgets each
         # turn afterwards, so no evaluation prompt teaches the next one.
         self.evaluating = False
@@ -98,11 +102,13 @@ class Engine:
         loaded = load(entry, self.dtype, progress)
         self._save_state()
         self.target = loaded  # replaced only once the new one loaded: a failure keeps the old
+        for learner in self._learners.values():
+            learner.target_model = None  # _learner() rebinds it; no old model stays alive
         self.baseline_tokens_per_s = None
         self.bridge = None
         try:
             self._ensure_drafter(progress)
-            self.bridge = VocabBridge(self.drafter.tokenizer, loaded.tokenizer)
+            self.bridge = self._bridge_for(entry, loaded.tokenizer)
             self.bridge.cache = self._load_ngram_cache(entry.id)
             self._load_learned(entry.id, progress)
         except ModelError as exc:  # the app still works, without speculation
@@ -126,6 +132,14 @@ class Engine:
         self._drafter = Drafter(self.drafter, self.draft_settings)
         root = paths.data_dir() / "adapters" / entry.id
         self.adapters = AdapterStore(root, self.drafter.model, rank=self.learn_settings.rank)
+
+    def _bridge_for(self, entry: ModelEntry, tokenizer) -> VocabBridge:
+        key = (entry.id, str(entry.path))
+        bridge = self._bridges.pop(key, None) or VocabBridge(self.drafter.tokenizer, tokenizer)
+        self._bridges[key] = bridge
+        while len(self._bridges) > MAX_CACHED_BRIDGES:
+            self._bridges.popitem(last=False)
+        return bridge
 
     def state_dir(self, target_id: str):
         drafter = self.drafter.entry.id if self.drafter else self.drafter_id
@@ -262,6 +276,8 @@ class Engine:
         self.buffer.save()
 
     def _learner(self) -> Learner:
+        """The current target's learner (its optimizer state outlives a switch away
+        and back), bound to the target, bridge and buffer loaded now."""
         target_id = self.target.entry.id
         if target_id not in self._learners:
             ls = self.learn_settings
@@ -270,7 +286,9 @@ class Engine:
                 target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
                 lam=ls.lam, threads=ls.threads,
             )
-        return self._learners[target_id]
+        learner = self._learners[target_id]
+        learner.target_model, learner.bridge, learner.buffer = self.target.model, self.bridge, self.buffer
+        return learner
 
     def has_learning_work(self) -> bool:
         return bool(self.learn_settings.enabled and self.buffer is not None and len(self.buffer))

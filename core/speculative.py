@@ -8,9 +8,10 @@ proposals scores them all; verification accepts a prefix and adds the target's
 own next token; both KV caches roll back to the accepted prefix; the bridge
 learns n-grams from the accepted text; the drafter re-syncs on that text.
 
-The target's cache always lags one token behind the accepted ids: the newest
-token ("pending") is fed at the start of the next verification, whose first
-logits row is then the distribution for the first proposal.
+The prompt's own forward picks the first reply token, as plain decoding does.
+From then on the target's cache lags one token behind the accepted ids: the
+newest token ("pending") is fed at the start of the next verification, whose
+first logits row is then the distribution for the first proposal.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .decoding import Cancel, ReplyStream, _never, forward
 from .drafter import Drafter
 from .events import TokenChunk, TurnFinished, TurnStats
 from .prompt_lookup import lookup
-from .sampling import GenerationConfig
+from .sampling import GenerationConfig, pick
 from .verification import verify_greedy, verify_sampling
 from .vocab_bridge import VocabBridge
 
@@ -64,18 +65,19 @@ def generate_speculative(
 
     cache = DynamicCache()
     cache.activate_past_recording()  # lets sliding-window layers roll back too
-    if len(prompt_ids) > 1:
-        forward(target, prompt_ids[:-1], cache, last=1)
-        cache.crop(0)
-    pending = prompt_ids[-1]
-    context = list(prompt_ids)  # target ids: prompt + accepted reply
+    # The prompt's forward already decides the first reply token: it is streamed
+    # before the drafter reads the prompt, so a reply starts after one prefill.
+    first = pick(forward(target, prompt_ids, cache, last=1)[-1], cfg, gen)
+    stats.steps += 1
+    yield from stream.push([first])
+    pending = first
+    context = list(prompt_ids) + [first]  # target ids: prompt + accepted reply
     if opts.use_ngram_cache:
-        bridge.learn_text(prompt_ids)  # the prompt is accepted text too
-    drafter.start(drafter_prefix)
-    synced = len(context)  # accepted target ids the drafter's context already covers
+        bridge.learn_text(context)  # the prompt is accepted text too
+    synced = None  # accepted target ids the drafter's context covers (None: not started)
     target_bytes = bridge.direct.target_bytes
 
-    while not cancel():
+    while not stream.reason and not cancel():
         # ---- draft
         t0 = time.perf_counter()
         room = cfg.max_new_tokens - len(stream.ids) - 1
@@ -89,7 +91,10 @@ def generate_speculative(
             else:
                 proposals = []
         if k and not proposals:
-            if synced < len(context):  # the drafter catches up only when it is needed
+            if synced is None:  # the drafter reads the prompt only once it is needed
+                drafter.start(drafter_prefix)
+                synced = len(prompt_ids)
+            if synced < len(context):  # ... and catches up only when it is needed
                 reply = context[len(prompt_ids):]
                 if bridge.same_vocab:
                     drafter.sync_ids(reply)

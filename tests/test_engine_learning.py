@@ -85,3 +85,28 @@ def test_a_waiting_request_interrupts_learning(home, target_dir):
     p = engine.idle_step(should_stop=lambda: True)
     assert p.state == "waiting"
     assert len(engine.buffer) == len(PROMPTS)  # nothing consumed
+
+
+def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, tmp_path, gemma_tok):
+    """After A -> B -> A the learner trains on what A serves now (not on the
+    buffer it had before the switch) and the vocabulary bridge is reused."""
+    other = tmp_path / "tiny-gemma-2"
+    tiny_gemma3(len(gemma_tok), seed=5).save_pretrained(other)
+    gemma_tok.save_pretrained(other)
+    engine = _engine(home, target_dir)
+    first_id, first_bridge = engine.target.entry.id, engine.bridge
+    _reply(engine, PROMPTS[0], speculative=True)
+    while (p := engine.idle_step()) is not None and p.state == "running":
+        pass
+    assert len(engine.buffer) == 0
+
+    engine.load_target(str(other), measure_baseline=False)
+    engine.load_target(str(target_dir), measure_baseline=False)
+    assert engine.target.entry.id == first_id
+    assert engine.bridge.direct is first_bridge.direct  # not rebuilt
+    for p in PROMPTS:
+        _reply(engine, p, speculative=True)
+    assert len(engine.buffer) == len(PROMPTS)
+    progress = engine.idle_step()
+    assert progress.state == "running" and progress.samples == 1 + 2
+    assert engine._learner().target_model is engine.target.model

@@ -520,6 +520,39 @@ def test_window_restores_saved_chart_history(home, qapp, qt_loop):
         _dispose(qapp, win)
 
 
+def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop):
+    from omnidraft.core import paths
+
+    win = MainWindow(handle=IdleWorker())
+    try:
+        win.show()
+        win.resize(780, 520)  # inside the offscreen 800x600 screen
+        win.splitter.setSizes([300, 480])
+        win.charts_dock.hide()
+        qapp.processEvents()
+        sidebar = win.splitter.sizes()[0]
+    finally:
+        win.close()
+        _dispose(qapp, win)
+    again = MainWindow(handle=IdleWorker())
+    try:
+        again.show()
+        qapp.processEvents()
+        assert (again.width(), again.height()) == (780, 520)
+        assert again.charts_dock.isHidden()
+        assert again.splitter.sizes()[0] == sidebar
+    finally:
+        again.close()
+        _dispose(qapp, again)
+    (paths.config_dir() / "window.ini").write_text("[General]\ngeometry=@ByteArray(junk)\nstate=3\n")
+    fresh = MainWindow(handle=IdleWorker())
+    try:
+        assert (fresh.width(), fresh.height()) == (1280, 800) and not fresh.charts_dock.isHidden()
+    finally:
+        fresh.close()
+        _dispose(qapp, fresh)
+
+
 def test_clear_all_data_keeps_only_the_key(home, qapp, qt_loop):
     from omnidraft.core import paths
 

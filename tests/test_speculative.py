@@ -151,3 +151,19 @@ def test_draft_length_adapts_to_the_drafters_confidence(smol_tok):
     adaptive = _drafter(model, smol_tok, k=4, min_confidence=0.0, gamma=0.05)
     adaptive.start(ids)
     assert len(adaptive.draft(cfg, None).ids) == 1
+
+
+def test_first_text_streams_before_the_drafter_reads_the_prompt(cross, gemma_tok, monkeypatch):
+    """A reply starts after the target's prompt pass alone (the reply-latency
+    budget): the drafter's own prompt pass comes after the first text."""
+    target, drafter, bridge = cross
+    started = []
+    monkeypatch.setattr(drafter, "start", lambda prefix, _orig=drafter.start: (started.append(1), _orig(prefix)))
+    ids = gemma_tok(PROMPTS[1])["input_ids"]
+    prefix = drafter.tokenizer(PROMPTS[1])["input_ids"]
+    events = generate_speculative(target, gemma_tok, drafter, bridge, ids, prefix,
+                                  GenerationConfig(max_new_tokens=12), set(), SpecOptions(prompt_lookup=False))
+    first = next(e for e in events if isinstance(e, TokenChunk))
+    assert first.text and not started
+    rest = list(events)
+    assert started and isinstance(rest[-1], TurnFinished) and rest[-1].stats.proposed > 0

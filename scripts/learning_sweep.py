@@ -1,0 +1,121 @@
+"""Choose the learner's settings offline: how fast does the drafter learn a target?
+
+Serves the training prompts once with plain target decoding (greedy, the same
+replies the app would record), then for each learning rate trains a fresh LoRA
+adapter over them in the learner's batches, pass after pass, and after every
+pass measures on the held-out dev prompts what the learner reports itself:
+greedy_match (the share of directly mapped reply positions where the drafter's
+top token is the target's top token, i.e. greedy acceptance of one drafted
+token, teacher-forced) and the hybrid loss. No timing is involved, so a loaded
+machine does not change the figures. The served replies are cached in --cache.
+
+    .venv/bin/python scripts/learning_sweep.py --lrs 1e-4,3e-4,1e-3 --passes 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.bench import bench_home, read_prompts  # noqa: E402
+from core.engine import Engine  # noqa: E402
+from core.learner import Learner  # noqa: E402
+from core.replay_buffer import ReplayBuffer, Sample  # noqa: E402
+from core.sampling import GenerationConfig  # noqa: E402
+from core.events import TurnFinished  # noqa: E402
+from core.speculative import _text  # noqa: E402
+
+
+def serve(engine: Engine, prompts: list[dict], max_new: int, cache: Path) -> list[Sample]:
+    """Greedy target replies as replay samples, as Engine._record makes them."""
+    if cache.exists():
+        return [Sample(**raw) for raw in json.loads(cache.read_text())]
+    samples = []
+    for n, row in enumerate(prompts):
+        done = None
+        for event in engine.complete(row["prompt"], GenerationConfig(max_new_tokens=max_new)):
+            if isinstance(event, TurnFinished):
+                done = event
+        ids = engine.target.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
+        prefix = engine.drafter.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
+        text = _text(engine.bridge.direct.target_bytes, done.token_ids)
+        reply = engine.drafter.tokenizer(text, add_special_tokens=False)["input_ids"]
+        samples.append(Sample(list(ids) + list(done.token_ids), len(ids),
+                              list(prefix) + reply, len(prefix), seq=n))
+        print(f"served {n + 1}/{len(prompts)}", file=sys.stderr, flush=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps([s.__dict__ for s in samples]))
+    return samples
+
+
+def evaluate(learner: Learner, samples: list[Sample]) -> dict:
+    model = learner.adapters.activate(learner.target_id)
+    match = loss = 0.0
+    n = 0
+    with torch.no_grad():
+        for s in samples:
+            value, stats = learner.sample_loss(model, s)
+            if stats["greedy_match"] is None:
+                continue
+            match, loss, n = match + stats["greedy_match"], loss + float(value), n + 1
+    return {"greedy_match": match / n, "loss": loss / n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="gemma-3-270m")
+    ap.add_argument("--train", type=Path, default=ROOT.parent / "shared/eval/train.jsonl")
+    ap.add_argument("--dev", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    with bench_home(None):  # adapters and buffers of the sweep only; the model cache shared
+        home = os.environ["OMNIDRAFT_HOME"]
+        engine = Engine()
+        engine.load_target(args.target, measure_baseline=False)
+        tag = f"{args.target}-{args.max_new_tokens}"
+        train = serve(engine, read_prompts(args.train, None), args.max_new_tokens,
+                      args.cache / f"train-{tag}.json")
+        dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
+                    args.cache / f"dev-{tag}.json")
+        results = []
+        for lr in [float(x) for x in args.lrs.split(",")]:
+            engine.adapters.reset(args.target)
+            buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
+            learner = Learner(engine.drafter.model, engine.target.model, engine.bridge, buffer,
+                              engine.adapters, args.target, lr=lr, threads=args.threads)
+            row = {"lr": lr, "passes": [evaluate(learner, dev)]}
+            print(f"lr {lr:g} pass 0: {row['passes'][-1]}", file=sys.stderr, flush=True)
+            for p in range(args.passes):
+                for s in train:
+                    buffer.add(Sample(**{**s.__dict__, "seq": -1}))
+                t0 = time.perf_counter()
+                while (out := learner.step()) is not None and not out["pass_done"]:
+                    pass
+                row["passes"].append({**evaluate(learner, dev), "steps": learner.steps,
+                                      "seconds": time.perf_counter() - t0})
+                print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
+            results.append(row)
+        report = {"target": args.target, "train": len(train), "dev": len(dev), "results": results}
+        print(json.dumps(report, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
