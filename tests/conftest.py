@@ -68,3 +68,30 @@ def tiny_drafter(smol_tok):
         smol_tok.save_pretrained(folder)
     os.environ["OMNIDRAFT_DRAFTER"] = str(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def gui_home(tmp_path_factory):
+    """Like `home`, for a whole module of GUI tests: their window lives that long."""
+    home = tmp_path_factory.mktemp("gui") / "home"
+    home.mkdir()
+    # Converted weights (the drafter's) are a cache: share the session home's, whose
+    # folders conftest links to .test-cache, instead of converting again.
+    (home / "cache").symlink_to(Path(os.environ["OMNIDRAFT_HOME"]) / "cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMNIDRAFT_HOME", str(home))
+        yield home
+
+
+@pytest.fixture(scope="module")
+def qt_loop(qapp):
+    """The qasync loop, attached to the Qt loop pytest-qt already spins."""
+    import asyncio
+
+    import qasync
+
+    loop = qasync.QEventLoop(qapp, already_running=True)
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.events._set_running_loop(None)
+    asyncio.set_event_loop(None)

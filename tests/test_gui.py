@@ -10,13 +10,11 @@ Pure helpers (markdown splitting, draft tinting, metrics) are tested apart.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
 
 import pytest
-import qasync
 from omnidraft.app.main_window import NOTES, MainWindow
 from omnidraft.app.markdown_blocks import align, split_segments, tint_ranges
 from omnidraft.app.message_widget import MessageWidget, mask_from_runs, runs_from_mask
@@ -32,25 +30,12 @@ from omnidraft.core.protocol import (
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-WAIT_MS = 60_000  # generous: the 2-core machine is shared; real waits are ~1-5 s
-SHORT_REPLY = 16
+from tests.gui_helpers import SHORT_REPLY, WAIT_MS, Recorder, dispose, idle, send, turn
+
 LONG_REPLY = 1500  # long enough to still be streaming when the test presses Stop
 
 
 # ----------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def gui_home(tmp_path_factory):
-    """Like conftest's `home`, for the whole module: the window lives that long."""
-    home = tmp_path_factory.mktemp("gui") / "home"
-    home.mkdir()
-    # Converted weights (the drafter's) are a cache: share the session home's, whose
-    # folders conftest links to .test-cache, instead of converting again.
-    (home / "cache").symlink_to(Path(os.environ["OMNIDRAFT_HOME"]) / "cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMNIDRAFT_HOME", str(home))
-        yield home
 
 
 @pytest.fixture(scope="module")
@@ -65,35 +50,6 @@ def tiny_models(tmp_path_factory, smol_tok):
         smol_tok.save_pretrained(folder)
         folders.append(str(folder))
     return folders
-
-
-@pytest.fixture(scope="module")
-def qt_loop(qapp):
-    """The qasync loop, attached to the Qt loop pytest-qt already spins."""
-    loop = qasync.QEventLoop(qapp, already_running=True)
-    asyncio.set_event_loop(loop)
-    yield loop
-    asyncio.events._set_running_loop(None)
-    asyncio.set_event_loop(None)
-
-
-class Recorder:
-    def __init__(self):
-        self.events: list = []
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if os.environ.get("GUI_TEST_TRACE"):
-            import time
-
-            print(f"{time.monotonic():.2f} {type(event).__name__} {getattr(event, 'stage', '')}")
-
-    def of(self, kind, **match) -> list:
-        return [
-            e
-            for e in self.events
-            if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items())
-        ]
 
 
 @pytest.fixture(scope="module")
@@ -118,37 +74,7 @@ def window(gui_home, tiny_models, qt_loop, qapp):
     if not win._closed:
         win.close()
     print("\n" + win.stall.summary())
-    _dispose(qapp, win)
-
-
-def _dispose(qapp, widget) -> None:
-    """Delete the window's C++ side now, while the QApplication still exists: left to
-    interpreter exit, Qt and pyqtgraph objects can be torn down in a crashing order."""
-    from PySide6.QtCore import QCoreApplication, QEvent
-
-    widget.deleteLater()
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-    qapp.processEvents()
-
-
-def idle(qtbot, win) -> None:
-    qtbot.waitUntil(lambda: win.active is None and win.current_target is not None, timeout=WAIT_MS)
-
-
-def send(qtbot, win, text: str, max_tokens: int = SHORT_REPLY) -> int:
-    """Type `text` and press Enter, as a person would; returns the request id used."""
-    idle(qtbot, win)
-    win.apply_settings({"max_new_tokens": max_tokens})
-    qtbot.keyClicks(win.chat.composer, text)
-    qtbot.keyClick(win.chat.composer, Qt.Key.Key_Return)
-    assert win.active is not None, "Enter did not send"
-    return win.active.request_id
-
-
-def turn(qtbot, win, request_id: int) -> TurnDone:
-    qtbot.waitUntil(lambda: bool(win.recorder.of(TurnDone, request_id=request_id)), timeout=WAIT_MS)
-    idle(qtbot, win)
-    return win.recorder.of(TurnDone, request_id=request_id)[0]
+    dispose(qapp, win)
 
 
 # ----------------------------------------------------------------- with the worker
@@ -517,7 +443,7 @@ def test_window_restores_saved_chart_history(home, qapp, qt_loop):
         assert win.charts.speedup_plot.listDataItems()
     finally:
         win.close()
-        _dispose(qapp, win)
+        dispose(qapp, win)
 
 
 def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop):
@@ -533,7 +459,7 @@ def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop)
         sidebar = win.splitter.sizes()[0]
     finally:
         win.close()
-        _dispose(qapp, win)
+        dispose(qapp, win)
     again = MainWindow(handle=IdleWorker())
     try:
         again.show()
@@ -543,14 +469,14 @@ def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop)
         assert again.splitter.sizes()[0] == sidebar
     finally:
         again.close()
-        _dispose(qapp, again)
+        dispose(qapp, again)
     (paths.config_dir() / "window.ini").write_text("[General]\ngeometry=@ByteArray(junk)\nstate=3\n")
     fresh = MainWindow(handle=IdleWorker())
     try:
         assert (fresh.width(), fresh.height()) == (1280, 800) and not fresh.charts_dock.isHidden()
     finally:
         fresh.close()
-        _dispose(qapp, fresh)
+        dispose(qapp, fresh)
 
 
 def test_clear_all_data_keeps_only_the_key(home, qapp, qt_loop):
@@ -572,7 +498,7 @@ def test_clear_all_data_keeps_only_the_key(home, qapp, qt_loop):
         assert "deleted" in win.banner.text()
     finally:
         win.close()
-        _dispose(qapp, win)
+        dispose(qapp, win)
 
 
 def test_qt_binding_keeps_none_alive(qapp):

@@ -1,0 +1,61 @@
+"""What the GUI tests do as a person would: type, press Enter, wait for the reply."""
+
+from __future__ import annotations
+
+import os
+
+from omnidraft.core.protocol import TurnDone
+from PySide6.QtCore import Qt
+
+WAIT_MS = 60_000  # generous: the 2-core machine is shared; real waits are ~1-5 s
+SHORT_REPLY = 16
+
+
+class Recorder:
+    def __init__(self):
+        self.events: list = []
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if os.environ.get("GUI_TEST_TRACE"):
+            import time
+
+            print(f"{time.monotonic():.2f} {type(event).__name__} {getattr(event, 'stage', '')}")
+
+    def of(self, kind, **match) -> list:
+        return [
+            e
+            for e in self.events
+            if isinstance(e, kind) and all(getattr(e, k) == v for k, v in match.items())
+        ]
+
+
+
+def dispose(qapp, widget) -> None:
+    """Delete the window's C++ side now, while the QApplication still exists: left to
+    interpreter exit, Qt and pyqtgraph objects can be torn down in a crashing order."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    widget.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    qapp.processEvents()
+
+
+def idle(qtbot, win) -> None:
+    qtbot.waitUntil(lambda: win.active is None and win.current_target is not None, timeout=WAIT_MS)
+
+
+def send(qtbot, win, text: str, max_tokens: int = SHORT_REPLY) -> int:
+    """Type `text` and press Enter, as a person would; returns the request id used."""
+    idle(qtbot, win)
+    win.apply_settings({"max_new_tokens": max_tokens})
+    qtbot.keyClicks(win.chat.composer, text)
+    qtbot.keyClick(win.chat.composer, Qt.Key.Key_Return)
+    assert win.active is not None, "Enter did not send"
+    return win.active.request_id
+
+
+def turn(qtbot, win, request_id: int) -> TurnDone:
+    qtbot.waitUntil(lambda: bool(win.recorder.of(TurnDone, request_id=request_id)), timeout=WAIT_MS)
+    idle(qtbot, win)
+    return win.recorder.of(TurnDone, request_id=request_id)[0]

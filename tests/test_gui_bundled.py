@@ -1,0 +1,71 @@
+"""The new user's first session, with the bundled models (integration tier):
+the app opens on Gemma-3-270M with the real SmolLM2 drafter, a chat reply is
+drafted and verified, the charts show its acceptance and measured speedup,
+switching to SmolLM2 and back keeps the conversation, and "Learn now" trains
+the drafter on what was served."""
+
+from __future__ import annotations
+
+import pytest
+from omnidraft.app.main_window import MainWindow
+from omnidraft.core.catalog import GEMMA_ID, SMOLLM2_ID
+from omnidraft.core.protocol import LearningProgress
+
+from tests.gui_helpers import WAIT_MS, Recorder, dispose, send, turn
+
+pytestmark = pytest.mark.integration
+REPLY = 48
+
+
+@pytest.fixture(scope="module")
+def app_window(gui_home, qt_loop, qapp):
+    from omnidraft.app.theme import apply_theme
+    from pytestqt.qtbot import QtBot
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMNIDRAFT_DRAFTER", SMOLLM2_ID)  # the real drafter, not the tests' tiny one
+        apply_theme(qapp)
+        win = MainWindow()  # no target named: the app's default
+        win.recorder = Recorder()
+        win.bridge.event.connect(win.recorder)
+        win.show()
+        win.start()
+        QtBot(None).waitUntil(lambda: win.current_target is not None, timeout=3 * WAIT_MS)
+        yield win
+        if not win._closed:
+            win.close()
+        dispose(qapp, win)
+
+
+def test_first_session_with_the_bundled_models(app_window, qtbot):
+    win = app_window
+    assert win.current_target == GEMMA_ID
+    assert win.targets_menu.checked_id() == GEMMA_ID
+
+    done = turn(qtbot, win, send(qtbot, win, "Write a Python function that adds two numbers.", REPLY))
+    assert done.reason in ("length", "eos") and done.text.strip()
+    assert done.stats["method"] == "omnidraft" and done.stats["proposed"] > 0
+    assert done.baseline_tokens_per_s and done.baseline_tokens_per_s > 0  # measured at load
+    reply = win.history.replies[-1]
+    assert reply.acceptance_rate == pytest.approx(done.stats["acceptance_rate"])
+    assert reply.speedup == pytest.approx(done.stats["tokens_per_s"] / done.baseline_tokens_per_s)
+    assert win.charts.acceptance_plot.listDataItems() and win.charts.speedup_plot.listDataItems()
+    conv_id = win.current_conv
+
+    win.switch_target(SMOLLM2_ID)
+    qtbot.waitUntil(lambda: win.current_target == SMOLLM2_ID and win.active is None, timeout=3 * WAIT_MS)
+    assert win.targets_menu.checked_id() == SMOLLM2_ID and win.current_conv == conv_id
+    other = turn(qtbot, win, send(qtbot, win, "And one that multiplies them?", REPLY))
+    assert other.model_id == SMOLLM2_ID and other.text.strip()
+
+    win.switch_target(GEMMA_ID)
+    qtbot.waitUntil(lambda: win.current_target == GEMMA_ID and win.active is None, timeout=3 * WAIT_MS)
+    assert [m["role"] for m in win.store.get(conv_id).messages] == ["user", "assistant"] * 2
+    turn(qtbot, win, send(qtbot, win, "Now write one that subtracts them.", REPLY))
+
+    win.learn_now()
+    qtbot.waitUntil(
+        lambda: any(e.steps > 0 for e in win.recorder.of(LearningProgress, model_id=GEMMA_ID)),
+        timeout=5 * WAIT_MS,
+    )
+    assert win.history.learning_for(GEMMA_ID)
