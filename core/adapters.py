@@ -63,7 +63,9 @@ class AdapterStore:
         """The drafter with this target's adapter active (created or restored on first use)."""
         name = adapter_name(target_id)
         self._ensure(target_id)
-        if self.peft.active_adapter != name:
+        # self.active, not peft's active_adapter: after a reset peft still names the
+        # deleted adapter, and the re-created one would stay frozen.
+        if self.active != target_id or self.peft.active_adapter != name:
             self.peft.set_adapter(name)  # also makes it the only trainable adapter
         self.active = target_id
         return self.peft

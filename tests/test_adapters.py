@@ -103,8 +103,10 @@ def test_reset_deletes(tmp_path, store):
     store.reset("t")
     assert not store.has_saved("t") and not store.is_loaded("t")
     assert not (tmp_path / "adapters" / "t").exists()
-    # The next use starts from scratch: the identity again.
+    # The next use starts from scratch: the identity again, and trainable.
     assert torch.allclose(_forward(store.activate("t")), _forward(_base()), atol=1e-6)
+    params = store.parameters("t")
+    assert params and all(p.requires_grad for p in params)
 
 
 def test_merged_state_matches_the_adapter_forward(store):
