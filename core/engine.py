@@ -51,6 +51,7 @@ class LearnSettings:
     lam: float = 0.2  # weight of the n-gram NLL against the reverse KL
     rank: int = 32
     threads: int = 1  # the learner leaves a core to the GUI
+    passes: int = 1  # passes over each served turn before it leaves the buffer
     buffer_size: int = 256
 
 
@@ -284,7 +285,7 @@ class Engine:
             self._learners[target_id] = Learner(
                 self.drafter.model, self.target.model, self.bridge, self.buffer, self.adapters,
                 target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
-                lam=ls.lam, threads=ls.threads,
+                lam=ls.lam, threads=ls.threads, passes=ls.passes,
             )
         learner = self._learners[target_id]
         learner.target_model, learner.bridge, learner.buffer = self.target.model, self.bridge, self.buffer

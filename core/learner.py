@@ -1,8 +1,10 @@
 """Online hybrid distillation of the drafter toward one target (OMNIDRAFT.md §2).
 
-Schedule (the paper's): served turns collect in the replay buffer; a pass
-trains once on every sample that was in the buffer when the pass began, in
-batches of 8 (one AdamW step per batch), then those samples are dropped.
+Schedule (the paper's, with replay): served turns collect in the replay
+buffer; a pass trains once on every sample that was in the buffer when the pass
+began, in batches of 8 (one AdamW step per batch); a sample is dropped once
+`passes` passes have trained on it (the paper: 1). The count is kept in memory
+only: after a restart a sample may get up to `passes` more.
 Each sample costs one target forward (no grad: its logits are recomputed, not
 stored) and one drafter forward + backward through the target's LoRA adapter.
 
@@ -45,6 +47,7 @@ class Learner:
         batch_size: int = 8,
         lam: float = LAMBDA,
         threads: int = 1,
+        passes: int = 1,
         max_prompt_tokens: int = 1024,
         max_reply_tokens: int = 256,
     ):
@@ -58,6 +61,7 @@ class Learner:
         self.target_id = target_id
         self.lr, self.weight_decay = lr, weight_decay
         self.batch_size, self.lam, self.threads = batch_size, lam, threads
+        self.passes = max(1, passes)
         # Bound one sample's cost (and the 262k-wide target logits' memory).
         self.max_prompt_tokens, self.max_reply_tokens = max_prompt_tokens, max_reply_tokens
         saved = adapters.meta(target_id)
@@ -68,6 +72,7 @@ class Learner:
         self._optimizer: torch.optim.AdamW | None = None
         self._pass: set[int] = set()  # seqs of the samples the current pass covers
         self._done: set[int] = set()  # ... and those already trained in it
+        self._trained: dict[int, int] = {}  # seq -> passes that trained it (kept ones)
 
     # ------------------------------------------------------------ training
     def step(self, should_stop: StopCheck = lambda: False) -> dict | None:
@@ -169,9 +174,14 @@ class Learner:
         return [s for s in self.buffer.samples() if s.seq in self._pass and s.seq not in self._done]
 
     def _finish_pass(self) -> None:
-        """Drop the pass's samples and save: the adapter first, so a crash in
-        between retrains some samples rather than losing what they taught."""
-        self.buffer.remove(self._pass)
+        """Drop the samples that had their passes and save: the adapter first, so a
+        crash in between retrains some samples rather than losing what they taught."""
+        for seq in self._pass:
+            self._trained[seq] = self._trained.get(seq, 0) + 1
+        finished = {seq for seq, n in self._trained.items() if n >= self.passes}
+        self.buffer.remove(finished)
+        live = {s.seq for s in self.buffer.samples()}
+        self._trained = {seq: n for seq, n in self._trained.items() if seq in live}
         self._pass, self._done = set(), set()
         try:
             self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples})

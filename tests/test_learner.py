@@ -87,6 +87,22 @@ def test_one_pass_then_clear_and_save(parts, smol_tok, gemma_tok):
     assert make().steps == 3
 
 
+def test_replay_passes_keep_a_turn_for_more_passes(parts):
+    make, buffer, store, samples = parts
+    learner = make(batch_size=2, passes=2)
+    _fill(buffer, samples[:2])
+    first = learner.step()
+    assert first["pass_done"] and len(buffer) == 2  # kept for its second pass
+    buffer.add(replace(samples[2]))
+    second = learner.step()  # a new pass: the kept two first, then the new turn
+    third = learner.step()
+    assert second["samples"] == 4 and not second["pass_done"] and third["pass_done"]
+    assert [s.seq for s in buffer.samples()] == [2]  # the first two had both passes
+    fourth = learner.step()
+    assert fourth["pass_done"] and len(buffer) == 0 and fourth["samples"] == 6
+    assert learner.step() is None
+
+
 def test_should_stop_interrupts_quickly_without_changes(parts):
     make, buffer, store, samples = parts
     learner = make(batch_size=4)
