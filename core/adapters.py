@@ -190,17 +190,20 @@ class AdapterStore:
 
     # ------------------------------------------------------------ merging
     @torch.no_grad()
-    def merged_state(self, target_id: str) -> dict[str, torch.Tensor]:
+    def merged_state(self, target_id: str, should_stop=lambda: False) -> dict[str, torch.Tensor] | None:
         """Base weights with this adapter merged, W + B·A·(alpha/r), for every
         adapted projection, keyed like the base model's state dict
         ("model.layers.0.self_attn.q_proj.weight"). New tensors in the base
-        dtype; neither the base model nor the active adapter changes."""
+        dtype; neither the base model nor the active adapter changes. None when
+        should_stop() (checked between projections) interrupted it."""
         self._ensure(target_id)
         name = adapter_name(target_id)
         out: dict[str, torch.Tensor] = {}
         for path, module in self.peft.base_model.model.named_modules():
             if not isinstance(module, LoraLayer) or name not in module.lora_A:
                 continue
+            if should_stop():
+                return None
             base = module.get_base_layer().weight
             a = module.lora_A[name].weight.float()
             b = module.lora_B[name].weight.float()

@@ -45,7 +45,9 @@ class Drafter:
         self.settings = settings or DraftSettings()
         self.special = set(self.tokenizer.all_special_ids)
         self.max_len = max_len
-        self.net = self._build(None)
+        self.net = LeanLlama(
+            loaded.model, num_layers=self.settings.num_layers, max_len=max_len, int8=self.settings.int8,
+        )
         self.cached: list[int] = []  # ids whose keys/values the net holds
         self.context: list[int] = []  # prefix + reply tokens (the accepted text)
         self.prefix: list[int] = []
@@ -53,17 +55,14 @@ class Drafter:
         self.reply_ids: list[int] = []
         self._logits: torch.Tensor | None = None  # next-token logits after self.context
 
-    def _build(self, weights: dict | None) -> LeanLlama:
-        return LeanLlama(
-            self.loaded.model, num_layers=self.settings.num_layers, max_len=self.max_len,
-            int8=self.settings.int8, weights=weights,
-        )
-
-    def load_weights(self, weights: dict | None) -> None:
+    def load_weights(self, weights: dict | None, should_stop=lambda: False) -> bool:
         """Draft with these weights from now on (a target's adapter merged in;
-        None = the drafter's own). The context is rebuilt on the next sync."""
-        self.net = self._build(weights)
+        None = the drafter's own). The context is rebuilt on the next sync.
+        Returns False, changing nothing, when should_stop() interrupted it."""
+        if not self.net.set_weights(weights, should_stop):
+            return False
         self.cached, self.context, self._logits = [], [], None
+        return True
 
     @property
     def description(self) -> str:

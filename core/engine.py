@@ -42,16 +42,18 @@ class InputError(Exception):
 
 @dataclass
 class LearnSettings:
-    """Online distillation (OMNIDRAFT.md §2); paper defaults."""
+    """Online distillation (OMNIDRAFT.md §2): the paper's settings except lr and
+    passes, chosen by scripts/learning_sweep.py (docs/learning.md): with ~20
+    optimizer steps per 150 turns, lr 5e-4 and two passes learn most."""
 
     enabled: bool = True
-    lr: float = 1e-4
+    lr: float = 5e-4
     weight_decay: float = 0.01
     batch_size: int = 8
     lam: float = 0.2  # weight of the n-gram NLL against the reverse KL
     rank: int = 32
     threads: int = 1  # the learner leaves a core to the GUI
-    passes: int = 1  # passes over each served turn before it leaves the buffer
+    passes: int = 2  # passes over each served turn before it leaves the buffer
     buffer_size: int = 256
 
 
@@ -78,6 +80,9 @@ class Engine:
         self.adapters: AdapterStore | None = None
         self.buffer: ReplayBuffer | None = None
         self._learners: dict[str, Learner] = {}
+        # The drafter lacks the current target's latest learned weights (a refresh
+        # was interrupted by a request).
+        self._drafter_stale = False
         # Bridges of recent targets: Gemma's 262k-token map takes ~3 s to build,
         # so switching back to a target reuses it.
         self._bridges: OrderedDict[tuple[str, str], VocabBridge] = OrderedDict()
@@ -167,6 +172,7 @@ class Engine:
             progress("Loading what the drafter learned for this model", 0.98)
             weights = self.adapters.merged_state(target_id)
         self._drafter.load_weights(weights)
+        self._drafter_stale = False
 
     def _save_state(self) -> None:
         if self.target is not None and self.bridge is not None:
@@ -292,7 +298,18 @@ class Engine:
         return learner
 
     def has_learning_work(self) -> bool:
-        return bool(self.learn_settings.enabled and self.buffer is not None and len(self.buffer))
+        return bool(self.learn_settings.enabled and self.buffer is not None
+                    and (len(self.buffer) or self._drafter_stale))
+
+    def _refresh_drafter(self, should_stop: Cancel) -> bool:
+        """Merge the current target's adapter into the drafting weights (~1 s on
+        one core), giving way to a request between layers: the reply then drafts
+        with the previous weights and the next idle step finishes the refresh."""
+        weights = self.adapters.merged_state(self.target.entry.id, should_stop)
+        if weights is None or not self._drafter.load_weights(weights, should_stop):
+            return False
+        self._drafter_stale = False
+        return True
 
     def idle_step(self, should_stop: Cancel = _never) -> LearningProgress | None:
         """One batch of online distillation for the current target; returns at the
@@ -300,13 +317,19 @@ class Engine:
         if self.target is None or self._drafter is None or not self.has_learning_work():
             return None
         target_id = self.target.entry.id
-        out = self._learner().step(should_stop)
+        learner = self._learner()
+        if self._drafter_stale and not self._refresh_drafter(should_stop):
+            return LearningProgress(target_id, "waiting", learner.steps, learner.samples, buffered=len(self.buffer))
+        if not len(self.buffer):
+            return LearningProgress(target_id, "idle", learner.steps, learner.samples, buffered=0)
+        out = learner.step(should_stop)
         if out is None:
             return LearningProgress(target_id, "idle", buffered=len(self.buffer))
         if out["interrupted"]:
             return LearningProgress(target_id, "waiting", out["steps"], out["samples"], buffered=out["buffered"])
         if out["pass_done"]:  # what was learned starts drafting now
-            self._drafter.load_weights(self.adapters.merged_state(target_id))
+            self._drafter_stale = True
+            self._refresh_drafter(should_stop)
         return LearningProgress(
             target_id, "running", out["steps"], out["samples"], out.get("loss"),
             out.get("acceptance_estimate"), out["buffered"],
@@ -334,6 +357,7 @@ class Engine:
             self.bridge.cache = NgramCache(self.bridge.cache.max_entries)
             self.buffer.clear()
             self._drafter.load_weights(None)
+            self._drafter_stale = False
 
     # ------------------------------------------------------------------ settings
     def apply_settings(self, settings) -> None:

@@ -38,40 +38,20 @@ class LeanLlama:
         self.eps = cfg.rms_norm_eps
         layers = inner.layers[: num_layers or len(inner.layers)]
 
-        weights = weights or {}
-
-        def w(t: torch.Tensor, name: str = "") -> torch.Tensor:
-            return weights.get(name, t).detach().to(self.dtype).contiguous()
-
-        def proj(i: int, part: str) -> torch.Tensor:
-            layer = inner.layers[i]
-            module = getattr(layer.self_attn if part in _ATTN else layer.mlp, part)
-            base = getattr(module, "base_layer", module)  # under a peft LoRA wrapper
-            return w(base.weight, f"model.layers.{i}.{'self_attn' if part in _ATTN else 'mlp'}.{part}.weight")
-
-        self.embed = w(inner.embed_tokens.weight)
-        self.layers = [
-            (
-                w(layer.input_layernorm.weight),
-                torch.cat([proj(i, "q_proj"), proj(i, "k_proj"), proj(i, "v_proj")]),
-                proj(i, "o_proj"),
-                w(layer.post_attention_layernorm.weight),
-                torch.cat([proj(i, "gate_proj"), proj(i, "up_proj")]),
-                proj(i, "down_proj"),
-            )
-            for i, layer in enumerate(layers)
-        ]
-        self.final_norm = w(inner.norm.weight)
+        self._inner = inner
         # Weight-only int8 copies of the big matrices for 1-2 token steps: drafting is
         # memory-bound and int8 weights are half the bytes of bf16 (see
         # docs/drafter.md for the measured step times). Prefill keeps the dense path,
         # where the int8 kernel is slower.
         self.int8 = int8 and self.dtype == torch.bfloat16
-        self.q_layers = [tuple(_int8(m) for m in (l[1], l[2], l[4], l[5])) for l in self.layers] if self.int8 else []
+        self.embed = self._w(inner.embed_tokens.weight)
+        self.layers = [self._layer(i, weights or {}) for i in range(len(layers))]
+        self.q_layers = [self._quantized(layer) for layer in self.layers] if self.int8 else []
+        self.final_norm = self._w(inner.norm.weight)
         head = hf_model.get_output_embeddings().weight
         # head_ids: drafter token ids kept in the LM head; logits come back in that order.
         self.head_ids = head_ids
-        self.head = w(head if head_ids is None else head[head_ids])
+        self.head = self._w(head if head_ids is None else head[head_ids])
         self.q_head = _int8(self.head) if self.int8 else None
         self.max_len = max_len
         shape = (len(self.layers), 2, self.n_kv, max_len, self.head_dim)
@@ -82,6 +62,48 @@ class LeanLlama:
         angles = torch.outer(torch.arange(max_len).float(), inv_freq)
         emb = torch.cat([angles, angles], dim=-1)
         self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _w(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(self.dtype).contiguous()
+
+    def _layer(self, i: int, weights: dict[str, torch.Tensor]) -> tuple:
+        """Layer i's (norm, fused qkv, o, norm, fused gate/up, down); weights
+        replace the model's projections by state-dict name."""
+        layer = self._inner.layers[i]
+
+        def proj(part: str) -> torch.Tensor:
+            module = getattr(layer.self_attn if part in _ATTN else layer.mlp, part)
+            base = getattr(module, "base_layer", module)  # under a peft LoRA wrapper
+            name = f"model.layers.{i}.{'self_attn' if part in _ATTN else 'mlp'}.{part}.weight"
+            return self._w(weights.get(name, base.weight))
+
+        return (
+            self._w(layer.input_layernorm.weight),
+            torch.cat([proj("q_proj"), proj("k_proj"), proj("v_proj")]),
+            proj("o_proj"),
+            self._w(layer.post_attention_layernorm.weight),
+            torch.cat([proj("gate_proj"), proj("up_proj")]),
+            proj("down_proj"),
+        )
+
+    def _quantized(self, layer: tuple) -> tuple:
+        return tuple(_int8(m) for m in (layer[1], layer[2], layer[4], layer[5]))
+
+    def set_weights(self, weights: dict[str, torch.Tensor] | None, should_stop=lambda: False) -> bool:
+        """Replace the projections (None: the model's own), keeping the embeddings,
+        head, KV buffer and RoPE tables. Layer by layer, checking should_stop()
+        between layers; all layers change at once at the end, or none (returns
+        False) when stopped. The context must be recomputed afterwards."""
+        layers, q_layers = [], []
+        for i in range(len(self.layers)):
+            if should_stop():
+                return False
+            layers.append(self._layer(i, weights or {}))
+            if self.int8:
+                q_layers.append(self._quantized(layers[-1]))
+        self.layers, self.q_layers = layers, q_layers
+        self.length = 0
+        return True
 
     def reset(self) -> None:
         self.length = 0

@@ -70,6 +70,10 @@ def first_text_latency(handle: WorkerHandle, request_id: int, prompt: str) -> tu
     raise SystemExit("timed out waiting for the reply")
 
 
+def _ms(seconds: list[float]) -> str:
+    return ", ".join(f"{s * 1000:.0f}" for s in seconds)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="gemma-3-270m")
@@ -102,11 +106,11 @@ def main() -> None:
             if interrupted:
                 busy.append(latency)
         print(f"first text, learner idle:              worst {max(idle) * 1000:.0f} ms, "
-              f"median {sorted(idle)[len(idle) // 2] * 1000:.0f} ms")
+              f"median {sorted(idle)[len(idle) // 2] * 1000:.0f} ms; all {_ms(idle)}")
         if not busy:
             raise SystemExit("no request landed inside a learner step")
         print(f"first text, request interrupted training: worst {max(busy) * 1000:.0f} ms, "
-              f"median {sorted(busy)[len(busy) // 2] * 1000:.0f} ms ({len(busy)} trials)")
+              f"median {sorted(busy)[len(busy) // 2] * 1000:.0f} ms ({len(busy)} trials); all {_ms(busy)}")
     finally:
         handle.stop()
 

@@ -44,9 +44,10 @@ def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
     progress = []
     while (p := engine.idle_step()) is not None and p.state == "running":
         progress.append(p)
-    assert progress and progress[-1].steps == 2 and progress[-1].samples == 3
+    passes = engine.learn_settings.passes
+    assert progress and progress[-1].steps == 2 * passes and progress[-1].samples == 3 * passes
     assert progress[-1].loss is not None
-    assert len(engine.buffer) == 0  # one pass, then the buffer is cleared
+    assert len(engine.buffer) == 0  # its passes done, the buffer is cleared
     assert engine.adapters.has_saved(target_id)
     # The learned adapter now drafts: the lean drafter's weights changed.
     assert not torch.equal(engine._drafter.net.layers[0][1], before)
@@ -87,6 +88,24 @@ def test_a_waiting_request_interrupts_learning(home, target_dir):
     assert len(engine.buffer) == len(PROMPTS)  # nothing consumed
 
 
+def test_a_request_during_the_drafter_refresh_does_not_wait_for_it(home, target_dir):
+    """Merging what was learned into the drafter gives way to a request too; the
+    next idle step finishes it."""
+    engine = _engine(home, target_dir)
+    for p in PROMPTS:
+        _reply(engine, p, speculative=True)
+    before = engine._drafter.net.layers[0][1].clone()
+    request_at_refresh = lambda: engine._drafter_stale  # noqa: E731 - set just before the refresh
+    while not engine._drafter_stale:
+        assert engine.idle_step(should_stop=request_at_refresh).state == "running"
+    assert torch.equal(engine._drafter.net.layers[0][1], before)  # still the old weights
+    reply = _reply(engine, PROMPTS[0], speculative=True)  # served meanwhile, with them
+    assert reply.stats.new_tokens > 0
+    p = engine.idle_step()
+    assert p.state == "running" and not engine._drafter_stale
+    assert not torch.equal(engine._drafter.net.layers[0][1], before)
+
+
 def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, tmp_path, gemma_tok):
     """After A -> B -> A the learner trains on what A serves now (not on the
     buffer it had before the switch) and the vocabulary bridge is reused."""
@@ -99,6 +118,7 @@ def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, 
     while (p := engine.idle_step()) is not None and p.state == "running":
         pass
     assert len(engine.buffer) == 0
+    trained = engine._learner().samples
 
     engine.load_target(str(other), measure_baseline=False)
     engine.load_target(str(target_dir), measure_baseline=False)
@@ -108,5 +128,5 @@ def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, 
         _reply(engine, p, speculative=True)
     assert len(engine.buffer) == len(PROMPTS)
     progress = engine.idle_step()
-    assert progress.state == "running" and progress.samples == 1 + 2
+    assert progress.state == "running" and progress.samples == trained + 2
     assert engine._learner().target_model is engine.target.model
