@@ -44,6 +44,7 @@ per token in fp32, 256 MiB for one 256-token reply, against a few KiB of ids.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from .replay_buffer import Sample
 
 LAMBDA = 0.2
+ROWS_PER_SLICE = 16
 
 
 def hybrid_loss(
@@ -66,6 +68,7 @@ def hybrid_loss(
     lam: float = LAMBDA,
     drafter_offset: int = 0,
     target_offset: int = 0,
+    check: Callable[[], None] = lambda: None,
 ) -> tuple[torch.Tensor, dict]:
     """L = mean(L_DM) + lam * mean(L_Ngram) for one sample, and its stats.
 
@@ -74,6 +77,9 @@ def hybrid_loss(
     default offsets 0 they cover the whole sample (len(drafter_ids) and
     len(target_ids) rows); the learner passes only the rows from the last prompt
     position on, to keep the 262k-wide target logits small.
+
+    check() is called between slices of positions (the learner's interruption
+    point: it raises when a request is waiting).
 
     stats: dm, ngram (mean losses), n_dm, n_ngram (counts), acceptance_estimate
     (mean over direct positions of Σ_t min(q(t), p(t)): the probability that
@@ -94,10 +100,15 @@ def hybrid_loss(
              "acceptance_estimate": None, "greedy_match": None}
     loss = zero
     if dm_pos:
-        q_logits = drafter_logits[[d - 1 - drafter_offset for d, _ in dm_pos]].float()
-        with torch.no_grad():
-            p_logits = target_logits[[t - 1 - target_offset for _, t in dm_pos]].float()
-        kl, accept, match = _reverse_kl(q_logits, p_logits, bridge)
+        parts = []
+        for rows in range(0, len(dm_pos), ROWS_PER_SLICE):  # 262k-wide target rows: slices
+            check()
+            pos = dm_pos[rows : rows + ROWS_PER_SLICE]
+            q_logits = drafter_logits[[d - 1 - drafter_offset for d, _ in pos]].float()
+            with torch.no_grad():
+                p_logits = target_logits[[t - 1 - target_offset for _, t in pos]].float()
+            parts.append(_reverse_kl(q_logits, p_logits, bridge))
+        kl, accept, match = (torch.cat(column) for column in zip(*parts))
         l_dm = kl.mean()
         loss = loss + l_dm
         stats.update(dm=float(l_dm.detach()), acceptance_estimate=float(accept.mean()),

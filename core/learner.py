@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from .adapters import AdapterStore
 from .distillation import LAMBDA, clip_sample, hybrid_loss
@@ -27,6 +28,7 @@ from .replay_buffer import ReplayBuffer, Sample
 from .vocab_bridge import VocabBridge
 
 StopCheck = Callable[[], bool]
+Check = Callable[[], None]  # raises _Interrupted when a request is waiting
 
 
 class _Interrupted(Exception):
@@ -89,10 +91,11 @@ class Learner:
         optimizer = self._optimizer_for_adapter()
         threads = torch.get_num_threads()
         torch.set_num_threads(self.threads)
-        hooks = _stop_hooks(self.drafter_model, should_stop) + _stop_hooks(self.target_model, should_stop)
+        check = _checker(should_stop)
+        hooks = _stop_hooks(self.drafter_model, check) + _stop_hooks(self.target_model, check)
         try:
             optimizer.zero_grad(set_to_none=True)
-            totals = self._accumulate(model, batch, should_stop)
+            totals = self._accumulate(model, batch, check)
             if totals["used"]:
                 for p in self.adapters.parameters(self.target_id):
                     if p.grad is not None:
@@ -115,16 +118,16 @@ class Learner:
             self._finish_pass()
         return {**self.progress(), **_means(totals), "interrupted": False, "pass_done": pass_done}
 
-    def _accumulate(self, model, batch: list[Sample], should_stop: StopCheck) -> dict:
+    def _accumulate(self, model, batch: list[Sample], check: Check) -> dict:
         """Backward of each sample's loss (so only one graph is alive at a time)."""
         totals = {"used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
                   "acceptance_estimate": 0.0, "greedy_match": 0.0}
         for sample in batch:
-            if should_stop():
-                raise _Interrupted
-            loss, stats = self.sample_loss(model, sample)
+            check()
+            loss, stats = self.sample_loss(model, sample, check)
             if stats["n_dm"] + stats["n_ngram"] == 0:
                 continue  # nothing aligned (e.g. an empty reply): nothing to learn
+            check()
             loss.backward()
             totals["used"] += 1
             totals["loss"] += float(loss.detach())
@@ -138,9 +141,10 @@ class Learner:
                 totals["ngram"] += stats["ngram"]
         return totals
 
-    def sample_loss(self, model, sample: Sample) -> tuple[torch.Tensor, dict]:
+    def sample_loss(self, model, sample: Sample, check: Check = lambda: None) -> tuple[torch.Tensor, dict]:
         """The hybrid loss of one (clipped) sample: target forward without grad,
-        drafter forward with grad; logits only from the last prompt position on."""
+        drafter forward with grad; logits only from the last prompt position on.
+        check() is called between the phases (it raises to interrupt)."""
         s = clip_sample(sample, self.bridge, self.max_prompt_tokens, self.max_reply_tokens)
         t_keep, t_offset = _kept_rows(len(s.target_ids), s.target_prompt_len)
         d_keep, d_offset = _kept_rows(len(s.drafter_ids), s.drafter_prompt_len)
@@ -154,10 +158,12 @@ class Learner:
             t_logits = self.target_model(
                 input_ids=torch.tensor([s.target_ids]), use_cache=False, logits_to_keep=t_keep
             ).logits[0]
+        check()
         d_logits = model(
             input_ids=torch.tensor([s.drafter_ids]), use_cache=False, logits_to_keep=d_keep
         ).logits[0]
-        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset)
+        check()
+        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
 
     # ------------------------------------------------------------ passes
     def _next_batch(self) -> list[Sample]:
@@ -239,24 +245,58 @@ def _means(totals: dict) -> dict:
     }
 
 
-def _stop_hooks(model, should_stop: StopCheck) -> list:
-    """Forward hooks on every decoder layer that raise _Interrupted when
-    should_stop() says so, and, on outputs that carry grad, backward hooks that
-    do the same, so neither a long forward nor a long backward delays a request."""
-
-    def check_grad(grad):
+def _checker(should_stop: StopCheck) -> Check:
+    def check() -> None:
         if should_stop():
             raise _Interrupted
+
+    return check
+
+
+def _stop_hooks(model, check: Check) -> list:
+    """Forward hooks on every decoder layer that call check(), and, on outputs
+    that carry grad, backward hooks that do the same; the LM head computed in
+    slices of rows with a check between them (Gemma's 262k-word head over a
+    reply is ~0.2 s on one core). So neither a long forward nor a long backward
+    delays a request. Returns handles with remove()."""
+
+    def check_grad(grad):
+        check()
         return grad
 
     def after_layer(module, args, output):
-        if should_stop():
-            raise _Interrupted
+        check()
         hidden = output[0] if isinstance(output, tuple) else output
         if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
             hidden.register_hook(check_grad)
 
-    return [layer.register_forward_hook(after_layer) for layer in _decoder_layers(model)]
+    handles = [layer.register_forward_hook(after_layer) for layer in _decoder_layers(model)]
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear:  # exactly F.linear, so slicing the rows changes nothing
+        handles.append(_SlicedHead(head, check, check_grad))
+    return handles
+
+
+class _SlicedHead:
+    ROWS = 16
+
+    def __init__(self, head: torch.nn.Linear, check: Check, check_grad):
+        self.head = head
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            parts = []
+            for rows in x.split(self.ROWS, dim=-2):
+                check()
+                part = F.linear(rows, head.weight, head.bias)
+                if part.requires_grad:
+                    part.register_hook(check_grad)
+                parts.append(part)
+            return torch.cat(parts, dim=-2)
+
+        head.forward = forward  # an instance attribute shadows Linear.forward
+
+    def remove(self) -> None:
+        vars(self.head).pop("forward", None)
 
 
 def _decoder_layers(model) -> torch.nn.ModuleList:

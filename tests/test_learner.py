@@ -131,21 +131,56 @@ def test_should_stop_interrupts_quickly_without_changes(parts):
 def test_should_stop_interrupts_the_backward(parts):
     make, buffer, store, samples = parts
     learner = make(batch_size=1)
+    seen = {"checks": 0, "in_backward": []}
+
+    def count(stop_at=None):
+        def should_stop():
+            seen["checks"] += 1
+            seen["in_backward"].append(_in_backward())
+            return stop_at is not None and seen["checks"] >= stop_at
+        return should_stop
+
     _fill(buffer, samples[:1])
+    learner.step(count())  # one whole step: how many checks, and where
+    total, where = seen["checks"], seen["in_backward"]
+    assert where[-1] and sum(where) >= 3  # the gradient hooks check too
     snapshot = learner.snapshot()
-    calls = {"n": 0}
-
-    def stop_in_the_backward():
-        # Calls 1-5: before the sample, 2 target layers, 2 drafter layers; the
-        # 6th comes from the gradient hook of the drafter's last layer.
-        # Without the gradient hooks there is no 6th call and the step completes.
-        calls["n"] += 1
-        return calls["n"] >= 6
-
-    result = learner.step(stop_in_the_backward)
-    assert result["interrupted"] and calls["n"] == 6
+    _fill(buffer, samples[:1])
+    seen.update(checks=0, in_backward=[])
+    result = learner.step(count(stop_at=total))  # the last check: inside the backward
+    assert result["interrupted"] and seen["in_backward"][-1]
     assert not learner.lora_params_changed(snapshot)
     assert all(p.grad is None for p in store.parameters(TARGET))
+
+
+def test_interruption_points_change_no_number(parts, monkeypatch):
+    from omnidraft.core import distillation, learner as learner_module
+
+    make, _, store, samples = parts
+    learner = make()
+    model = store.activate(TARGET)
+    with torch.no_grad():
+        plain, plain_stats = learner.sample_loss(model, samples[0])
+        monkeypatch.setattr(learner_module._SlicedHead, "ROWS", 3)
+        monkeypatch.setattr(distillation, "ROWS_PER_SLICE", 2)
+        check = lambda: None  # noqa: E731
+        hooks = learner_module._stop_hooks(learner.drafter_model, check)
+        hooks += learner_module._stop_hooks(learner.target_model, check)
+        try:
+            sliced, sliced_stats = learner.sample_loss(model, samples[0], check)
+        finally:
+            for h in hooks:
+                h.remove()
+    assert float(sliced) == pytest.approx(float(plain), rel=1e-5)
+    assert sliced_stats["n_dm"] == plain_stats["n_dm"] > 2
+    assert sliced_stats["greedy_match"] == plain_stats["greedy_match"]
+
+
+def _in_backward() -> bool:
+    """Whether the caller runs inside autograd's backward pass."""
+    import inspect
+
+    return any(f.function in ("check_grad",) for f in inspect.stack()[1:6])
 
 
 def test_learner_needs_the_stores_drafter(parts, smol_tok, target):
