@@ -68,6 +68,10 @@ class ChartsPanel(QWidget):
         self._current_target: str | None = None
         self._save_timer = QTimer(self, singleShot=True, interval=SAVE_DELAY_MS)
         self._save_timer.timeout.connect(self.save)
+        # A reply's figures are drawn in the event-loop pass after the one that
+        # finishes the reply, so the two never add up to one long stall.
+        self._redraw_timer = QTimer(self, singleShot=True, interval=0)
+        self._redraw_timer.timeout.connect(self.refresh)
 
         self.target_combo = QComboBox()
         self.target_combo.setMinimumContentsLength(14)
@@ -194,7 +198,7 @@ class ChartsPanel(QWidget):
         self._changed()
 
     def _changed(self) -> None:
-        self.refresh()
+        self._redraw_timer.start()
         self._save_timer.start()
 
     def save(self) -> None:
@@ -229,6 +233,7 @@ class ChartsPanel(QWidget):
         self.target_combo.blockSignals(False)
 
     def refresh(self) -> None:
+        self._redraw_timer.stop()  # this redraw covers a pending one
         self._fill_combo()
         target = self.selected_target()
         replies = self.history.replies_for(target)
