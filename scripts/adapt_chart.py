@@ -35,7 +35,7 @@ def main(report_path: str, png_path: str) -> None:
             label = pg.TextItem(f"{value:.2f}", anchor=(0.5, 1.2), color="k")
             label.setPos(x, value)
             plot.addItem(label)
-        plot.getAxis("bottom").setTicks([[(0, "before"), (1, f"after {adapt['train_prompts']} prompts")]])
+        plot.getAxis("bottom").setTicks([[(0, "before"), (1, "after learning")]])
         plot.setYRange(0, max(before, after, 1e-6) * 1.25)
         plot.setMouseEnabled(False, False)
     layout.show()  # lay the plots out at the widget's size before exporting
