@@ -14,8 +14,11 @@ import torch
 
 from .lean_llama import LeanLlama
 from .sampling import GenerationConfig, probabilities
+from .vocab_bridge import token_bytes
 
 LOOK_BEHIND = 3  # drafter tokens re-tokenized with each new piece of text
+MAX_HELD = 64  # the most trailing whitespace token healing re-drafts
+_WHITESPACE = b" \t\n\r\x0b\x0c"
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Draft:
     ids: list[int]  # drafter token ids
     q: list[float]  # drafter probability of each chosen token
     dists: list[torch.Tensor] | None  # full drafter distributions (sampling only)
+    held: bytes = b""  # accepted text the draft starts by re-drafting (token healing)
 
 
 class Drafter:
@@ -54,6 +58,9 @@ class Drafter:
         self.reply_text = ""
         self.reply_ids: list[int] = []
         self._logits: torch.Tensor | None = None  # next-token logits after self.context
+        self.held = b""  # trailing accepted whitespace left out of the context (token healing)
+        self._heal_masks: dict[bytes, torch.Tensor] = {}
+        self._ws_tokens: dict[int, bytes] | None = None
 
     def load_weights(self, weights: dict | None, should_stop=lambda: False) -> bool:
         """Draft with these weights from now on (a target's adapter merged in;
@@ -73,11 +80,23 @@ class Drafter:
     # --------------------------------------------------------------- context
     def start(self, prefix_ids: list[int]) -> None:
         self.prefix = list(prefix_ids)
-        self.reply_text, self.reply_ids = "", []
+        self.reply_text, self.reply_ids, self.held = "", [], b""
         self._set_context(self.prefix)
 
-    def sync_text(self, reply_text: str) -> None:
-        """Bring the context up to the accepted reply text (cross-vocabulary)."""
+    def sync_text(self, reply_text: str, heal: bool = False) -> None:
+        """Bring the context up to the accepted reply text (cross-vocabulary).
+
+        heal: leave trailing whitespace out of the context and let the next draft
+        start by re-drafting it (token healing). The target often ends its tokens
+        where the drafter never would: Gemma accepts '\\n' then '▁▁▁▁▁▁▁▁', while
+        SmolLM2 always glues an indent's last space to the next word
+        ('ĊĠĠĠĠĠĠĠ','Ġreturn'); a context ending in such a split is text the
+        drafter never saw, and it drafts badly from it."""
+        held = ""
+        if heal:
+            held = reply_text[len(reply_text.rstrip()):][-MAX_HELD:]
+            reply_text = reply_text[: len(reply_text) - len(held)]
+        self.held = held.encode("utf-8")
         if reply_text.startswith(self.reply_text):
             keep = max(0, len(self.reply_ids) - LOOK_BEHIND)
             kept_text = self.tokenizer.decode(self.reply_ids[:keep])
@@ -117,12 +136,15 @@ class Drafter:
     def draft(self, cfg: GenerationConfig, gen: torch.Generator | None, k: int | None = None) -> Draft:
         """Up to k drafter tokens continuing the context (sampled like the target)."""
         k = k or self.settings.k
-        out = Draft([], [], [] if not cfg.greedy else None)
+        out = Draft([], [], [] if not cfg.greedy else None, held=self.held)
         logits = self._logits
         if logits is None:
             return out
         all_accepted = 1.0  # running product of P_i for the adaptive rule
+        held = self.held  # still to re-draft (greedy only: sync_text heals only then)
         for i in range(k):
+            if held:  # only tokens that spell the held text, or start with it
+                logits = logits.float().masked_fill(~self._heal_mask(held, logits.shape[-1]), float("-inf"))
             if cfg.greedy:
                 probs = torch.softmax(logits.float(), -1)
                 tok = int(probs.argmax())
@@ -133,6 +155,9 @@ class Drafter:
                 break
             out.ids.append(tok)
             out.q.append(float(probs[tok]))
+            if held:
+                spelled = self._spelling(tok)
+                held = b"" if spelled.startswith(held) else held[len(spelled):]
             if out.dists is not None:
                 out.dists.append(probs)
             confidence = float(probs.max())
@@ -146,3 +171,27 @@ class Drafter:
             logits = self.net.forward([tok])[0][-1]
             self.cached.append(tok)
         return out
+
+    # --------------------------------------------------------------- healing
+    def _spelling(self, tok: int) -> bytes:
+        return self._whitespace_tokens().get(tok, b"")
+
+    def _whitespace_tokens(self) -> dict[int, bytes]:
+        """id -> bytes of the tokens that start with whitespace (built once)."""
+        if self._ws_tokens is None:
+            self._ws_tokens = {i: b for i, b in enumerate(token_bytes(self.tokenizer))
+                               if b and b[0] in _WHITESPACE}
+        return self._ws_tokens
+
+    def _heal_mask(self, held: bytes, width: int) -> torch.Tensor:
+        """Tokens that continue the held text: they spell all of it and maybe more,
+        or a leading part of it. Cached per held text (indents repeat)."""
+        mask = self._heal_masks.get(held)
+        if mask is None or mask.numel() != width:
+            ids = [i for i, b in self._whitespace_tokens().items() if i < width and (b.startswith(held) or held.startswith(b))]
+            mask = torch.zeros(width, dtype=torch.bool)
+            mask[ids] = True
+            if len(self._heal_masks) > 256:
+                self._heal_masks.clear()
+            self._heal_masks[held] = mask
+        return mask

@@ -43,6 +43,7 @@ class SpecOptions:
     lookup_min_tokens: int = 2  # a lookup continuation shorter than this is not used
     max_proposals: int = 8  # cap after merging (a many-target n-gram can add tokens)
     use_ngram_cache: bool = True
+    text_proposals: bool = True  # greedy, cross-vocabulary: re-tokenize the drafted text
 
 
 def generate_speculative(
@@ -76,6 +77,10 @@ def generate_speculative(
         bridge.learn_text(context)  # the prompt is accepted text too
     synced = None  # accepted target ids the drafter's context covers (None: not started)
     target_bytes = bridge.direct.target_bytes
+    # Greedy verification needs no draft probabilities, so the drafted text can be
+    # re-tokenized by the target and the drafter's context healed (see
+    # VocabBridge.propose_text); sampling keeps the paper's token mapping (Eq. 1-2).
+    text_proposals = cfg.greedy and opts.text_proposals and not bridge.same_vocab
 
     while not stream.reason and not cancel():
         # ---- draft
@@ -99,10 +104,13 @@ def generate_speculative(
                 if bridge.same_vocab:
                     drafter.sync_ids(reply)
                 else:
-                    drafter.sync_text(_text(target_bytes, reply))
+                    drafter.sync_text(_text(target_bytes, reply), heal=text_proposals)
                 synced = len(context)
             draft = drafter.draft(cfg, gen, k)
-            merged = bridge.propose(draft.ids, opts.use_ngram_cache, single_target=not cfg.greedy)
+            if text_proposals:
+                merged = bridge.propose_text(draft.ids, draft.held)
+            else:
+                merged = bridge.propose(draft.ids, opts.use_ngram_cache, single_target=not cfg.greedy)
             proposals = merged.target_ids[: opts.max_proposals]
             spans = merged.spans[: len(proposals)]
             stats.ngram_hits += merged.ngram_hits

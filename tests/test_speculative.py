@@ -167,3 +167,22 @@ def test_first_text_streams_before_the_drafter_reads_the_prompt(cross, gemma_tok
     assert first.text and not started
     rest = list(events)
     assert started and isinstance(rest[-1], TurnFinished) and rest[-1].stats.proposed > 0
+
+
+def test_drafting_after_accepted_whitespace_re_drafts_it(smol_tok):
+    """Token healing: the context leaves out accepted trailing whitespace, and the
+    draft's first tokens spell it (the drafter glues an indent to the next word)."""
+    model = tiny_llama(len(smol_tok), seed=3)
+    drafter = _drafter(model, smol_tok, k=4)
+    drafter.start(smol_tok("def f(x):")["input_ids"])
+    drafter.sync_text("\n    if x:\n        ", heal=True)
+    assert drafter.held == b"\n        "
+    assert smol_tok.decode(drafter.reply_ids) == "\n    if x:"
+    draft = drafter.draft(GenerationConfig(), None)
+    assert draft.held == b"\n        "
+    spelled = smol_tok.decode(draft.ids).encode()
+    assert spelled.startswith(draft.held) or draft.held.startswith(spelled)
+    drafter.sync_text("\n    if x:\n        return", heal=True)
+    assert drafter.held == b"" and smol_tok.decode(drafter.reply_ids) == "\n    if x:\n        return"
+    drafter.sync_text("\n    if x:\n        return ")  # no healing: everything in the context
+    assert drafter.held == b"" and smol_tok.decode(drafter.reply_ids).endswith("return ")

@@ -54,6 +54,26 @@ def test_indentation_runs_with_different_boundaries_are_learned(smol_tok, gemma_
     assert bridge.propose(drafted).target_ids == target
 
 
+def test_greedy_text_proposals_follow_the_targets_own_boundaries(bridge, smol_tok, gemma_tok):
+    """An indented line: SmolLM2 'ĊĠĠĠĠĠĠĠ','Ġreturn' is Gemma '\\n','▁▁▁▁▁▁▁▁','return',
+    with nothing learned first."""
+    text = "\n        return x"
+    drafted = smol_tok(text, add_special_tokens=False)["input_ids"]
+    target = gemma_tok(text, add_special_tokens=False)["input_ids"]
+    fresh = VocabBridge(smol_tok, gemma_tok)
+    assert fresh.propose(drafted).target_ids != target
+    merged = fresh.propose_text(drafted)
+    assert merged.target_ids == target
+    assert merged.spans[0] == (0,) and merged.spans[1] == (0, 1) and merged.spans[2] == (1,)
+    # Held (already accepted) text is not proposed again; a trailing whitespace
+    # token may still grow, so it is not proposed either.
+    assert fresh.propose_text(drafted, held=b"\n").target_ids == target[1:]
+    tail = smol_tok("x:\n", add_special_tokens=False)["input_ids"]
+    assert fresh.propose_text(tail).target_ids == gemma_tok("x:", add_special_tokens=False)["input_ids"]
+    assert fresh.propose_text(drafted, held=b"  ").target_ids == []  # does not continue the text
+    assert fresh.propose_text([smol_tok.convert_tokens_to_ids("<|im_end|>")]).target_ids == []
+
+
 def test_longest_match_wins():
     cache = NgramCache()
     cache.add((1, 2), (10,))
