@@ -673,6 +673,8 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
         "learn_seconds": learn_s,
         "final_loss": last.loss if last else None,
         "ngram_cache_entries": len(engine.bridge.cache),
+        # What adaptive drafting measured per draft source while serving (tokens/s).
+        "draft_sources": engine.draft_policy.summary(),
     }
 
 

@@ -16,6 +16,7 @@ import torch
 
 from . import paths
 from .adapters import AdapterStore
+from .adaptive_drafting import DraftPolicy
 from .catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
 from .chat_format import encode_chat, stop_token_ids
 from .decoding import Cancel, _never, generate_plain
@@ -76,6 +77,7 @@ class Engine:
         self.drafter: LoadedModel | None = None  # the drafter model as loaded
         self._drafter: Drafter | None = None  # its lean drafting runtime
         self.bridge: VocabBridge | None = None
+        self.draft_policy = DraftPolicy()  # the current target's (adaptive drafting)
         self.learn_settings = learn_settings or LearnSettings()
         self.adapters: AdapterStore | None = None
         self.buffer: ReplayBuffer | None = None
@@ -112,10 +114,12 @@ class Engine:
             learner.target_model = None  # _learner() rebinds it; no old model stays alive
         self.baseline_tokens_per_s = None
         self.bridge = None
+        self.draft_policy = DraftPolicy()
         try:
             self._ensure_drafter(progress)
             self.bridge = self._bridge_for(entry, loaded.tokenizer)
             self.bridge.cache = self._load_ngram_cache(entry.id)
+            self.draft_policy = self._load_draft_policy(entry.id)
             self._load_learned(entry.id, progress)
         except ModelError as exc:  # the app still works, without speculation
             self.warnings.append(f"Drafting is off: {exc}")
@@ -160,6 +164,15 @@ class Engine:
             self.warnings.append(f"The learned n-gram cache was damaged and restarted (kept as {kept.name}).")
             return NgramCache()
 
+    def _load_draft_policy(self, target_id: str) -> DraftPolicy:
+        path = self.state_dir(target_id) / "draft_policy.json"
+        try:
+            return DraftPolicy.load(path)
+        except CorruptStateError as exc:
+            kept = exc.quarantine()
+            self.warnings.append(f"The learned drafting statistics were damaged and restarted (kept as {kept.name}).")
+            return DraftPolicy()
+
     def _load_learned(self, target_id: str, progress: Progress) -> None:
         """This target's replay buffer, and its adapter merged into the drafter."""
         self.buffer = ReplayBuffer.load(
@@ -177,6 +190,7 @@ class Engine:
     def _save_state(self) -> None:
         if self.target is not None and self.bridge is not None:
             self.bridge.cache.save(self.state_dir(self.target.entry.id) / "ngram_cache.json")
+            self.draft_policy.save(self.state_dir(self.target.entry.id) / "draft_policy.json")
 
     # ------------------------------------------------------------------ input
     def encode(self, messages: list[dict]) -> list[int]:
@@ -243,7 +257,7 @@ class Engine:
                 drafter_prefix = ids
             events = generate_speculative(
                 t.model, t.tokenizer, self._drafter, self.bridge, ids, drafter_prefix,
-                cfg, stops, self.spec_options, cancel,
+                cfg, stops, self.spec_options, cancel, self.draft_policy, learn_policy=not self.evaluating,
             )
         else:
             events = generate_plain(t.model, t.tokenizer, ids, cfg, stops, cancel)
@@ -355,6 +369,7 @@ class Engine:
             self.adapters.reset(model_id)
         if self.target is not None and self.target.entry.id == model_id and self.bridge is not None:
             self.bridge.cache = NgramCache(self.bridge.cache.max_entries)
+            self.draft_policy = DraftPolicy()
             self.buffer.clear()
             self._drafter.load_weights(None)
             self._drafter_stale = False

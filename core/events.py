@@ -22,6 +22,9 @@ class TurnStats:
     proposed: int = 0  # target-space draft tokens offered for verification
     accepted: int = 0
     ngram_hits: int = 0  # proposals that came from merging through the n-gram cache
+    lookup_steps: int = 0  # steps whose proposals came from prompt lookup (the rest: the drafter)
+    lookup_proposed: int = 0
+    lookup_accepted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
 

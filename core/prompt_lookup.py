@@ -8,8 +8,9 @@ costs no model forward at all.
 from __future__ import annotations
 
 
-def lookup(context: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the context's tail."""
+def lookup(context: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -> tuple[list[int], int]:
+    """Up to k tokens that followed the latest earlier occurrence of the context's
+    tail, and the length of the tail that matched (longest first; 0: none)."""
     for n in range(max_ngram, min_ngram - 1, -1):
         if len(context) <= n:
             continue
@@ -19,5 +20,5 @@ def lookup(context: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2) -
             if context[start : start + n] == tail:
                 follow = context[start + n : start + n + k]
                 if follow:
-                    return follow
-    return []
+                    return follow, n
+    return [], 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from .adaptive_drafting import DRAFTER, DraftPolicy, lookup_source
 from .decoding import Cancel, ReplyStream, _never, forward
 from .drafter import Drafter
 from .events import TokenChunk, TurnFinished, TurnStats
@@ -57,7 +58,11 @@ def generate_speculative(
     stop_ids: set[int],
     options: SpecOptions | None = None,
     cancel: Cancel = _never,
+    policy: DraftPolicy | None = None,
+    learn_policy: bool = True,
 ) -> Iterator[TokenChunk | TurnFinished]:
+    """policy chooses between a lookup and the drafter (None: lookup whenever one
+    is found); learn_policy: record each step's outcome in it."""
     opts = options or SpecOptions()
     stats = TurnStats(method="omnidraft", prompt_tokens=len(prompt_ids))
     stream = ReplyStream(target_tokenizer, cfg, stop_ids)
@@ -87,14 +92,13 @@ def generate_speculative(
         t0 = time.perf_counter()
         room = cfg.max_new_tokens - len(stream.ids) - 1
         k = max(0, min(opts.k, room))
-        proposals, spans, q_prime, draft = [], [], [], None
+        proposals, spans, q_prime, draft, source = [], [], [], None, DRAFTER
         if k and opts.prompt_lookup:
-            proposals = lookup(context, k)
-            if len(proposals) >= opts.lookup_min_tokens:
+            found, match = lookup(context, k)
+            if len(found) >= opts.lookup_min_tokens and (policy is None or policy.use_lookup(match)):
                 # A lookup is a point-mass draft: q' = 1 on the proposed token.
+                proposals, source = found, lookup_source(match)
                 spans, q_prime = [()] * len(proposals), [1.0] * len(proposals)
-            else:
-                proposals = []
         if k and not proposals:
             if synced is None:  # the drafter reads the prompt only once it is needed
                 drafter.start(drafter_prefix)
@@ -135,6 +139,12 @@ def generate_speculative(
         stats.accepted += n
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
+        if source != DRAFTER:
+            stats.lookup_steps += 1
+            stats.lookup_proposed += len(proposals)
+            stats.lookup_accepted += n
+        if k and policy is not None and learn_policy:
+            policy.record(source, n + 1, t2 - t0)
 
         new = proposals[:n] + [nxt]
         yield from stream.push(new, drafted=n)

@@ -66,15 +66,18 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
         pass
     learned = engine._drafter.net.layers[0][1].clone()
     cache_entries = dict(engine.bridge.cache.entries)
+    sources = engine.draft_policy.summary()
+    assert sources  # every speculative step was measured for adaptive drafting
     engine._save_state()
 
     again = _engine(home, target_dir)
     assert torch.equal(again._drafter.net.layers[0][1], learned)
     assert dict(again.bridge.cache.entries) == cache_entries
+    assert again.draft_policy.summary() == sources
 
     again.reset_personalization(target_id)
     assert not again.adapters.has_saved(target_id)
-    assert len(again.buffer) == 0 and len(again.bridge.cache) == 0
+    assert len(again.buffer) == 0 and len(again.bridge.cache) == 0 and not again.draft_policy.stats
     assert not again.state_dir(target_id).exists()
     assert not torch.equal(again._drafter.net.layers[0][1], learned)
 
@@ -130,3 +133,16 @@ def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, 
     progress = engine.idle_step()
     assert progress.state == "running" and progress.samples == trained + 2
     assert engine._learner().target_model is engine.target.model
+
+
+def test_damaged_drafting_statistics_are_set_aside_with_a_message(home, target_dir):
+    engine = _engine(home, target_dir)
+    path = engine.state_dir(engine.target.entry.id) / "draft_policy.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{broken")
+    again = _engine(home, target_dir)
+    assert not again.draft_policy.stats
+    assert any("drafting statistics were damaged" in w for w in again.warnings)
+    assert list(path.parent.glob("draft_policy.json.corrupt*"))
+    _reply(again, PROMPTS[0], speculative=True)  # decoding still works and measures afresh
+    assert again.draft_policy.stats

@@ -1,0 +1,99 @@
+"""Adaptive drafting (OMNIDRAFT.md §3), per target: which draft source pays off.
+
+A step can take its proposals from prompt lookup (free: the context's last n
+tokens occurred before, propose what followed) or from the drafter (costs its
+forward passes). Which one yields more tokens per second depends on the target
+and on what the drafter has learned for it. Measured on the 40 dev prompts with
+Gemma-3-270M (docs/learning.md): a lookup on a 2-token match gave 2.0 target
+tokens per step and 0.27 of its proposals were accepted, a 4-token match 3.8 and
+0.73, the untrained drafter 2.6 per step at ~1.35x a step's time, the drafter
+after learning 3.0. So short-match lookups are worth it only until the
+drafter learns the target.
+
+DraftPolicy keeps, for this target, decayed sums of (target tokens gained,
+seconds) per source: the drafter, and lookup by match length. A lookup is
+used when its measured tokens per second are at least the drafter's, or while
+either has too few steps to tell (the prior: lookup, it is free). One eligible
+step in EXPLORE_EVERY still takes the lookup, so its figure stays current as
+the drafter changes. The decay lets the drafter's figure follow its learning.
+Saved per target with the n-gram cache (numbers only, no text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .persistence import CorruptStateError, atomic_write_json, read_json
+
+DRAFTER = "drafter"
+MIN_STEPS = 20.0  # decayed steps a source needs before its figure is trusted
+DECAY = 0.995  # per recorded step of the same source: ~200 steps of memory
+EXPLORE_EVERY = 16
+
+
+def lookup_source(match: int) -> str:
+    return f"lookup{match}"
+
+
+@dataclass
+class SourceStats:
+    steps: float = 0.0
+    tokens: float = 0.0  # target tokens the steps gained (accepted + the target's own)
+    seconds: float = 0.0  # drafting + verification time of those steps
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.steps = self.steps * DECAY + 1
+        self.tokens = self.tokens * DECAY + tokens
+        self.seconds = self.seconds * DECAY + seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class DraftPolicy:
+    stats: dict[str, SourceStats] = field(default_factory=dict)
+    _eligible: int = 0  # lookup-eligible steps seen (for exploration)
+
+    def use_lookup(self, match: int) -> bool:
+        """Whether to propose a lookup continuation found on a match of this length."""
+        self._eligible += 1
+        lookup = self.stats.get(lookup_source(match))
+        drafter = self.stats.get(DRAFTER)
+        if lookup is None or drafter is None or min(lookup.steps, drafter.steps) < MIN_STEPS:
+            return True
+        if self._eligible % EXPLORE_EVERY == 0:
+            return True
+        return lookup.rate >= drafter.rate
+
+    def record(self, source: str, tokens: int, seconds: float) -> None:
+        self.stats.setdefault(source, SourceStats()).add(tokens, seconds)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        return {name: {"steps": round(s.steps, 1), "tokens_per_step": round(s.tokens / s.steps, 2),
+                       "tokens_per_s": round(s.rate, 2)}
+                for name, s in sorted(self.stats.items()) if s.steps}
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: Path) -> None:
+        atomic_write_json(path, {"stats": {k: vars(v) for k, v in self.stats.items()}})
+
+    @classmethod
+    def load(cls, path: Path) -> DraftPolicy:
+        """The saved policy ({} when none); CorruptStateError when unreadable."""
+        raw = read_json(path, {"stats": {}})
+        stats = raw.get("stats") if isinstance(raw, dict) else None
+        if not isinstance(stats, dict):
+            raise CorruptStateError(path, "it does not hold draft statistics")
+        policy = cls()
+        for name, values in stats.items():
+            try:
+                s = SourceStats(**{k: float(values[k]) for k in ("steps", "tokens", "seconds")})
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptStateError(path, f"bad statistics for {name!r}") from exc
+            if min(s.steps, s.tokens, s.seconds) < 0:
+                raise CorruptStateError(path, f"negative statistics for {name!r}")
+            policy.stats[str(name)] = s
+        return policy

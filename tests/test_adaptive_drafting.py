@@ -1,0 +1,79 @@
+"""Adaptive drafting: the per-target choice between a prompt lookup and the
+drafter, learned from this target's own verification outcomes."""
+
+import json
+
+import pytest
+
+from omnidraft.core.adaptive_drafting import DRAFTER, EXPLORE_EVERY, MIN_STEPS, DraftPolicy, lookup_source
+from omnidraft.core.persistence import CorruptStateError
+from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.speculative import SpecOptions, generate_speculative
+from tests.test_speculative import PROMPTS, _run_plain, cross  # noqa: F401 - fixture
+
+
+def _feed(policy, source, steps, tokens, seconds):
+    for _ in range(steps):
+        policy.record(source, tokens, seconds)
+
+
+def test_lookups_are_used_until_the_drafter_measurably_does_better():
+    policy = DraftPolicy()
+    assert policy.use_lookup(2)  # nothing measured: a lookup is free, take it
+    _feed(policy, lookup_source(2), int(MIN_STEPS) + 5, tokens=2, seconds=0.1)  # 20 tokens/s
+    _feed(policy, lookup_source(4), int(MIN_STEPS) + 5, tokens=4, seconds=0.1)  # 40 tokens/s
+    assert policy.use_lookup(2)  # the drafter has too few steps to tell yet
+    _feed(policy, DRAFTER, int(MIN_STEPS) + 5, tokens=3, seconds=0.12)  # 25 tokens/s
+    choices = [policy.use_lookup(2) for _ in range(4 * EXPLORE_EVERY)]
+    assert choices.count(True) == 4  # only the exploration steps keep measuring it
+    assert all(policy.use_lookup(4) for _ in range(EXPLORE_EVERY))
+    # The drafter gets worse (a new target, say): short lookups pay off again.
+    _feed(policy, DRAFTER, 400, tokens=1, seconds=0.12)
+    assert all(policy.use_lookup(2) for _ in range(EXPLORE_EVERY))
+
+
+def test_the_policy_is_saved_and_a_damaged_file_is_refused(tmp_path):
+    policy = DraftPolicy()
+    _feed(policy, DRAFTER, 30, tokens=3, seconds=0.1)
+    path = tmp_path / "draft_policy.json"
+    policy.save(path)
+    again = DraftPolicy.load(path)
+    assert again.summary() == policy.summary()
+    assert again.summary()[DRAFTER]["tokens_per_step"] == 3.0
+    assert DraftPolicy.load(tmp_path / "missing.json").stats == {}
+    for bad in ("{not json", json.dumps({"stats": {"drafter": {"steps": "x"}}}),
+                json.dumps({"stats": {"drafter": {"steps": -1, "tokens": 1, "seconds": 1}}}), "[]"):
+        path.write_text(bad)
+        with pytest.raises(CorruptStateError):
+            DraftPolicy.load(path)
+
+
+def test_decoding_records_each_source_and_stays_lossless_when_lookups_are_refused(cross, gemma_tok):
+    target, drafter, bridge = cross
+    cfg = GenerationConfig(max_new_tokens=24)
+    prompt = PROMPTS[0]  # repeats itself: lookups are found
+    ids = gemma_tok(prompt)["input_ids"]
+    prefix = drafter.tokenizer(prompt)["input_ids"]
+    plain = _run_plain(target, gemma_tok, prompt, cfg)
+
+    def run(policy, learn=True):
+        return list(generate_speculative(target, gemma_tok, drafter, bridge, ids, prefix, cfg, set(),
+                                         SpecOptions(), policy=policy, learn_policy=learn))[-1]
+
+    learning = DraftPolicy()
+    done = run(learning)
+    assert done.token_ids == plain.token_ids
+    recorded = {name: s.steps for name, s in learning.stats.items()}
+    assert recorded.get(DRAFTER, 0) + sum(v for k, v in recorded.items() if k != DRAFTER) > 0
+    assert done.stats.lookup_steps == round(sum(v for k, v in recorded.items() if k != DRAFTER))
+    # A policy that measured the drafter far ahead never takes a lookup.
+    sure = DraftPolicy()
+    for m in (2, 3, 4):
+        _feed(sure, lookup_source(m), 50, tokens=1, seconds=1.0)
+    _feed(sure, DRAFTER, 50, tokens=5, seconds=0.01)
+    sure._eligible = 1  # away from an exploration step
+    frozen = sure.summary()
+    done = run(sure, learn=False)
+    assert done.token_ids == plain.token_ids
+    assert done.stats.lookup_steps <= 1 + done.stats.steps // EXPLORE_EVERY
+    assert sure.summary() == frozen  # evaluation does not teach it
