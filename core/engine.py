@@ -118,8 +118,8 @@ class Engine:
         try:
             self._ensure_drafter(progress)
             self.bridge = self._bridge_for(entry, loaded.tokenizer)
-            self.bridge.cache = self._load_ngram_cache(entry.id)
-            self.draft_policy = self._load_draft_policy(entry.id)
+            self.bridge.cache = self._load_state(entry.id, "ngram_cache.json", NgramCache, "n-gram cache")
+            self.draft_policy = self._load_state(entry.id, "draft_policy.json", DraftPolicy, "drafting statistics")
             self._load_learned(entry.id, progress)
         except ModelError as exc:  # the app still works, without speculation
             self.warnings.append(f"Drafting is off: {exc}")
@@ -155,23 +155,15 @@ class Engine:
         drafter = self.drafter.entry.id if self.drafter else self.drafter_id
         return paths.data_dir() / "state" / f"{drafter}--{target_id}"
 
-    def _load_ngram_cache(self, target_id: str) -> NgramCache:
-        path = self.state_dir(target_id) / "ngram_cache.json"
+    def _load_state(self, target_id: str, name: str, kind, what: str):
+        """kind.load(state file), or a fresh kind() with a warning when the file is
+        damaged (moved aside, never deleted)."""
         try:
-            return NgramCache.load(path)
+            return kind.load(self.state_dir(target_id) / name)
         except CorruptStateError as exc:
             kept = exc.quarantine()
-            self.warnings.append(f"The learned n-gram cache was damaged and restarted (kept as {kept.name}).")
-            return NgramCache()
-
-    def _load_draft_policy(self, target_id: str) -> DraftPolicy:
-        path = self.state_dir(target_id) / "draft_policy.json"
-        try:
-            return DraftPolicy.load(path)
-        except CorruptStateError as exc:
-            kept = exc.quarantine()
-            self.warnings.append(f"The learned drafting statistics were damaged and restarted (kept as {kept.name}).")
-            return DraftPolicy()
+            self.warnings.append(f"The file of learned {what} was damaged; it starts over (kept as {kept.name}).")
+            return kind()
 
     def _load_learned(self, target_id: str, progress: Progress) -> None:
         """This target's replay buffer, and its adapter merged into the drafter."""
@@ -283,18 +275,23 @@ class Engine:
         """Keep the turn for distillation (the user's own traffic, encrypted at rest)."""
         if not self.learn_settings.enabled or self.buffer is None or len(done.token_ids) < 4:
             return
+        self.buffer.add(self.sample_of(ids, drafter_prefix, done))
+        self.buffer.save()
+
+    def sample_of(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished) -> Sample:
+        """A finished turn as a replay sample: prompt + reply in both vocabularies
+        (the drafter's reply is its own tokenization of the reply's text)."""
         reply = done.token_ids
         if self.bridge.same_vocab:
             drafter_reply = list(reply)
         else:
             text = _text(self.bridge.direct.target_bytes, reply)
             drafter_reply = self.drafter.tokenizer(text, add_special_tokens=False)["input_ids"]
-        self.buffer.add(Sample(
+        return Sample(
             target_ids=list(ids) + list(reply), target_prompt_len=len(ids),
             drafter_ids=list(drafter_prefix) + drafter_reply, drafter_prompt_len=len(drafter_prefix),
             proposed=done.stats.proposed, accepted=done.stats.accepted,
-        ))
-        self.buffer.save()
+        )
 
     def _learner(self) -> Learner:
         """The current target's learner (its optimizer state outlives a switch away
@@ -334,11 +331,9 @@ class Engine:
         learner = self._learner()
         if self._drafter_stale and not self._refresh_drafter(should_stop):
             return LearningProgress(target_id, "waiting", learner.steps, learner.samples, buffered=len(self.buffer))
-        if not len(self.buffer):
-            return LearningProgress(target_id, "idle", learner.steps, learner.samples, buffered=0)
-        out = learner.step(should_stop)
-        if out is None:
-            return LearningProgress(target_id, "idle", buffered=len(self.buffer))
+        out = learner.step(should_stop) if len(self.buffer) else None
+        if out is None:  # nothing (left) to train on
+            return LearningProgress(target_id, "idle", learner.steps, learner.samples, buffered=len(self.buffer))
         if out["interrupted"]:
             return LearningProgress(target_id, "waiting", out["steps"], out["samples"], buffered=out["buffered"])
         if out["pass_done"]:  # what was learned starts drafting now

@@ -93,6 +93,7 @@ def generate_speculative(
         room = cfg.max_new_tokens - len(stream.ids) - 1
         k = max(0, min(opts.k, room))
         proposals, spans, q_prime, draft, source = [], [], [], None, DRAFTER
+        once = 0.0  # the drafter's one-time read of the prompt: not a cost of this step's source
         if k and opts.prompt_lookup:
             found, match = lookup(context, k)
             if len(found) >= opts.lookup_min_tokens and (policy is None or policy.use_lookup(match)):
@@ -103,6 +104,7 @@ def generate_speculative(
             if synced is None:  # the drafter reads the prompt only once it is needed
                 drafter.start(drafter_prefix)
                 synced = len(prompt_ids)
+                once = time.perf_counter() - t0
             if synced < len(context):  # ... and catches up only when it is needed
                 reply = context[len(prompt_ids):]
                 if bridge.same_vocab:
@@ -144,7 +146,7 @@ def generate_speculative(
             stats.lookup_proposed += len(proposals)
             stats.lookup_accepted += n
         if k and policy is not None and learn_policy:
-            policy.record(source, n + 1, t2 - t0)
+            policy.record(source, n + 1, t2 - t0 - once)
 
         new = proposals[:n] + [nxt]
         yield from stream.push(new, drafted=n)

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,11 +33,10 @@ from core.learner import Learner  # noqa: E402
 from core.replay_buffer import ReplayBuffer, Sample  # noqa: E402
 from core.sampling import GenerationConfig  # noqa: E402
 from core.events import TurnFinished  # noqa: E402
-from core.speculative import _text  # noqa: E402
 
 
 def serve(engine: Engine, prompts: list[dict], max_new: int, cache: Path) -> list[Sample]:
-    """Greedy target replies as replay samples, as Engine._record makes them."""
+    """Greedy target replies as replay samples, as the engine records them."""
     if cache.exists():
         return [Sample(**raw) for raw in json.loads(cache.read_text())]
     samples = []
@@ -47,10 +47,7 @@ def serve(engine: Engine, prompts: list[dict], max_new: int, cache: Path) -> lis
                 done = event
         ids = engine.target.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
         prefix = engine.drafter.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
-        text = _text(engine.bridge.direct.target_bytes, done.token_ids)
-        reply = engine.drafter.tokenizer(text, add_special_tokens=False)["input_ids"]
-        samples.append(Sample(list(ids) + list(done.token_ids), len(ids),
-                              list(prefix) + reply, len(prefix), seq=n))
+        samples.append(replace(engine.sample_of(ids, prefix, done), seq=n))
         print(f"served {n + 1}/{len(prompts)}", file=sys.stderr, flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps([s.__dict__ for s in samples]))

@@ -142,7 +142,7 @@ def test_damaged_drafting_statistics_are_set_aside_with_a_message(home, target_d
     path.write_text("{broken")
     again = _engine(home, target_dir)
     assert not again.draft_policy.stats
-    assert any("drafting statistics were damaged" in w for w in again.warnings)
+    assert any("learned drafting statistics was damaged" in w for w in again.warnings)
     assert list(path.parent.glob("draft_policy.json.corrupt*"))
     _reply(again, PROMPTS[0], speculative=True)  # decoding still works and measures afresh
     assert again.draft_policy.stats
