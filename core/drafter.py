@@ -60,7 +60,8 @@ class Drafter:
         self._logits: torch.Tensor | None = None  # next-token logits after self.context
         self.held = b""  # trailing accepted whitespace left out of the context (token healing)
         self._heal_masks: dict[bytes, torch.Tensor] = {}
-        # Built here (~0.25 s for SmolLM2), not in the middle of a reply.
+        # Built here (the byte table takes ~0.25 s for SmolLM2 the first time), not
+        # in the middle of a reply.
         self._ws_tokens = {i: b for i, b in enumerate(token_bytes(self.tokenizer)) if b and b[0] in _WHITESPACE}
 
     def load_weights(self, weights: dict | None, should_stop=lambda: False) -> bool:

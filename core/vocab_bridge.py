@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,8 +58,21 @@ def _is_byte_level(tokenizer) -> bool:
     return any(p.get("type") == "ByteLevel" for p in parts)
 
 
+# Per tokenizer object: its byte table (~0.25 s for SmolLM2's 49k tokens; Gemma
+# has 262k), shared by the drafter and every bridge built on it.
+_TOKEN_BYTES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def token_bytes(tokenizer) -> list[bytes | None]:
-    """Each token id's raw bytes as it appears in text; None for special tokens."""
+    """Each token id's raw bytes as it appears in text; None for special tokens.
+    Computed once per tokenizer (again if its vocabulary grew); treat as read-only."""
+    table = _TOKEN_BYTES.get(tokenizer)
+    if table is None or len(table) != len(tokenizer):
+        table = _TOKEN_BYTES[tokenizer] = _token_bytes(tokenizer)
+    return table
+
+
+def _token_bytes(tokenizer) -> list[bytes | None]:
     special = set(tokenizer.all_special_ids)
     special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -218,9 +232,8 @@ class VocabBridge:
 
         Token-by-token mapping fails at every boundary the two tokenizers draw
         differently, and code is full of them: SmolLM2 spells an indented line
-        'ĊĠĠĠĠĠĠĠ','Ġreturn', Gemma '\\n','▁▁▁▁▁▁▁▁','return' (measured on the dev
-        prompts: ~40% of the drafter's first rejected tokens were such
-        whitespace splits). Greedy verification needs no draft probabilities,
+        'ĊĠĠĠĠĠĠĠ','Ġreturn', Gemma '\\n','▁▁▁▁▁▁▁▁','return' (docs/drafter.md
+        has what fixing this gained). Greedy verification needs no draft probabilities,
         so the text can simply be re-tokenized (~30 µs). `held` is the accepted
         text the drafter re-drafted (Drafter token healing); it is not proposed
         again. A trailing whitespace token is dropped: more whitespace may
