@@ -238,8 +238,8 @@ class VocabBridge:
         text the drafter re-drafted (Drafter token healing); it is not proposed
         again. A trailing whitespace token is dropped: more whitespace may
         follow and merge with it. Spans give each target token the drafted
-        positions its bytes overlap. Falls back to propose() when the target
-        tokenizer does not spell the text back byte for byte.
+        positions its bytes overlap. Falls back to token mapping of what follows
+        `held` when the target tokenizer does not spell the text back byte for byte.
         """
         d_bytes, t_bytes = self.direct.drafter_bytes, self.direct.target_bytes
         pieces = []
@@ -259,10 +259,12 @@ class VocabBridge:
             text = body.decode("utf-8", errors="ignore")
         if not text:
             return Proposal([], [])
-        ids = self.target_tokenizer(text, add_special_tokens=False)["input_ids"]
+        # Drafted text that reads like a control token ('<end_of_turn>') is text:
+        # the target tokenizes it as text, as it does the user's typing.
+        ids = self.target_tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         spelled = [t_bytes[t] if t < len(t_bytes) else None for t in ids]
         if any(b is None for b in spelled) or b"".join(spelled) != body:
-            return self.propose(drafted[: len(pieces)], use_cache=True)
+            return self._propose_after(pieces, drafted, len(held))
         if ids and not spelled[-1].strip():
             ids, spelled = ids[:-1], spelled[:-1]
         ends = list(accumulate(len(b) for b in pieces))  # drafted token i covers [ends[i-1], ends[i])
@@ -275,6 +277,20 @@ class VocabBridge:
             out.target_ids.append(tid)
             out.spans.append(tuple(range(first, last + 1)))
             start = stop
+        return out
+
+    def _propose_after(self, pieces: list[bytes], drafted: list[int], held: int) -> Proposal:
+        """Token mapping of the drafted tokens after the first `held` bytes (what
+        token healing re-drafted was accepted already); nothing when a drafted
+        token straddles that boundary."""
+        skip = covered = 0
+        while covered < held:
+            covered += len(pieces[skip])
+            skip += 1
+        if covered != held:
+            return Proposal([], [])
+        out = self.propose(drafted[skip : len(pieces)], use_cache=True)
+        out.spans = [tuple(i + skip for i in span) for span in out.spans]
         return out
 
     # ------------------------------------------------------------ learning

@@ -78,9 +78,13 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--state-dir", type=Path,
+                    help="keep the last learning rate's adapter here (omnidraft-bench --state-dir runs with it)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="train on the dev replies themselves: a ceiling on what learning can reach")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    with bench_home(None):  # adapters and buffers of the sweep only; the model cache shared
+    with bench_home(args.state_dir):  # adapters and buffers of the sweep only; the model cache shared
         home = os.environ["OMNIDRAFT_HOME"]
         engine = Engine()
         engine.load_target(args.target, measure_baseline=False)
@@ -89,6 +93,8 @@ def main() -> int:
                       args.cache / f"train-{tag}.json")
         dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
                     args.cache / f"dev-{tag}.json")
+        if args.oracle:  # the evaluation's own replies: no learning from other traffic does better
+            train = dev
         results = []
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine.adapters.reset(args.target)
@@ -107,7 +113,7 @@ def main() -> int:
                                       "seconds": time.perf_counter() - t0})
                 print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
             results.append(row)
-        report = {"target": args.target, "train": len(train), "dev": len(dev), "results": results}
+        report = {"target": args.target, "oracle": args.oracle, "train": len(train), "dev": len(dev), "results": results}
         print(json.dumps(report, indent=2))
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")

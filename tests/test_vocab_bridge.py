@@ -74,6 +74,32 @@ def test_greedy_text_proposals_follow_the_targets_own_boundaries(bridge, smol_to
     assert fresh.propose_text([smol_tok.convert_tokens_to_ids("<|im_end|>")]).target_ids == []
 
 
+def test_drafted_text_that_reads_like_a_control_token_is_proposed_as_text(smol_tok, gemma_tok):
+    bridge = VocabBridge(smol_tok, gemma_tok)
+    drafted = smol_tok("<end_of_turn> x", add_special_tokens=False)["input_ids"]
+    proposed = bridge.propose_text(drafted).target_ids
+    assert proposed == gemma_tok("<end_of_turn> x", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert gemma_tok.convert_tokens_to_ids("<end_of_turn>") not in proposed
+
+
+def test_token_mapping_fallback_never_proposes_the_held_text_again(smol_tok, gemma_tok):
+    """When the target cannot spell the drafted text back byte for byte, the draft
+    is mapped token by token, starting after what token healing re-drafted."""
+
+    class Unspelling:  # a target tokenizer whose tokens do not spell its input
+        def __call__(self, text, **kwargs):
+            return {"input_ids": [gemma_tok.pad_token_id]}
+
+    bridge = VocabBridge(smol_tok, gemma_tok)
+    drafted = smol_tok("\n    return x", add_special_tokens=False)["input_ids"]  # 'ĊĠĠĠ','Ġreturn','Ġx'
+    bridge.target_tokenizer = Unspelling()
+    after = bridge.propose_text(drafted, held=b"\n   ")
+    assert after.target_ids == bridge.propose(drafted[1:]).target_ids != []
+    assert after.spans[0] == (1,)  # positions still index the whole drafted run
+    # Held text that ends inside a drafted token: nothing can be mapped.
+    assert bridge.propose_text(drafted, held=b"\n ").target_ids == []
+
+
 def test_longest_match_wins():
     cache = NgramCache()
     cache.add((1, 2), (10,))
