@@ -10,6 +10,10 @@ token, teacher-forced) and the hybrid loss. No timing is involved, so a loaded
 machine does not change the figures. The served replies are cached in --cache.
 
     .venv/bin/python scripts/learning_sweep.py --lrs 1e-4,3e-4,1e-3 --passes 2
+
+--oracle trains on the dev replies themselves: a drafter that has seen the
+answers, the ceiling for any learning (docs/learning.md); --state-dir keeps
+its adapter for `omnidraft-bench --state-dir`.
 """
 
 from __future__ import annotations
