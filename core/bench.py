@@ -642,26 +642,23 @@ def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
 
 def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:
     """Serve every training prompt with omnidraft as the app does: each finished
-    turn is recorded, and once a batch of new turns has gathered the learner runs
-    in the gap before the next prompt until it has nothing to start (the paper's
-    schedule: every I prompts one pass over the buffer; turns owed a further pass
-    get it with the next batch, see core/learner.py)."""
+    turn is recorded, and the learner runs its pass over the buffer in the gap
+    before the next prompt once a batch has gathered (the paper's schedule: every
+    I prompts one pass over the buffer, then clear it)."""
     if not hasattr(engine, "idle_step"):
         raise BenchError("--adapt: this build has no online learner")
     batch = engine.learn_settings.batch_size
     serve_s = learn_s = 0.0
+    steps_before = None
     last = None
-    fresh = 0  # turns served since the learner last ran
     for i, row in enumerate(train):
         t0 = time.perf_counter()
         for _ in engine.complete(row["prompt"], prompt_config(args, i), speculative=True):
             pass
-        fresh += 1
         t1 = time.perf_counter()
-        final = i == len(train) - 1  # then every turn gets all its passes before measuring
-        if fresh >= batch or final:
-            fresh = 0
-            while (progress := engine.idle_step(flush=final)) is not None and progress.state == "running":
+        if len(engine.buffer) >= batch or i == len(train) - 1:
+            while (progress := engine.idle_step()) is not None and progress.state == "running":
+                steps_before = progress.steps if steps_before is None else steps_before
                 last = progress
                 if progress.buffered == 0:
                     break

@@ -322,17 +322,16 @@ class Engine:
         self._drafter_stale = False
         return True
 
-    def idle_step(self, should_stop: Cancel = _never, flush: bool = False) -> LearningProgress | None:
+    def idle_step(self, should_stop: Cancel = _never) -> LearningProgress | None:
         """One batch of online distillation for the current target; returns at the
-        next layer boundary once should_stop() says a request is waiting.
-        flush: also give turns still owed a pass that pass now (Learner.step)."""
+        next layer boundary once should_stop() says a request is waiting."""
         if self.target is None or self._drafter is None or not self.has_learning_work():
             return None
         target_id = self.target.entry.id
         learner = self._learner()
         if self._drafter_stale and not self._refresh_drafter(should_stop):
             return LearningProgress(target_id, "waiting", learner.steps, learner.samples, buffered=len(self.buffer))
-        out = learner.step(should_stop, flush) if len(self.buffer) else None
+        out = learner.step(should_stop) if len(self.buffer) else None
         if out is None:  # nothing (left) to train on
             return LearningProgress(target_id, "idle", learner.steps, learner.samples, buffered=len(self.buffer))
         if out["interrupted"]:

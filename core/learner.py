@@ -3,12 +3,8 @@
 Schedule (the paper's, with replay): served turns collect in the replay
 buffer; a pass trains once on every sample that was in the buffer when the pass
 began, in batches of 8 (one AdamW step per batch); a sample is dropped once
-`passes` passes have trained on it (the paper: 1). A sample's passes are
-spread out: a new pass starts only once new turns have arrived (or when
-flushed: "learn now", the end of the benchmark's serving), so a turn's second
-pass is mixed with newer turns instead of repeating the same batch at once,
-which learned less (docs/learning.md). The count is kept in memory only: after a
-restart a sample may get up to `passes` more.
+`passes` passes have trained on it (the paper: 1). The count is kept in memory
+only: after a restart a sample may get up to `passes` more.
 Each sample costs one target forward (no grad: its logits are recomputed, not
 stored) and one drafter forward + backward through the target's LoRA adapter.
 
@@ -79,18 +75,16 @@ class Learner:
         self._pass: set[int] = set()  # seqs of the samples the current pass covers
         self._done: set[int] = set()  # ... and those already trained in it
         self._trained: dict[int, int] = {}  # seq -> passes that trained it (kept ones)
-        self._last_pass: set[int] = set()  # seqs the last finished pass covered
 
     # ------------------------------------------------------------ training
-    def step(self, should_stop: StopCheck = lambda: False, flush: bool = False) -> dict | None:
+    def step(self, should_stop: StopCheck = lambda: False) -> dict | None:
         """Train on up to batch_size samples of the current pass; one optimizer step.
-        flush: start a new pass even if no new turn has arrived since the last one.
 
         Returns progress ({steps, samples, loss, dm, ngram, acceptance_estimate,
         greedy_match, buffered, pass_done, interrupted}; the loss terms and
         acceptance figures are this batch's, measured before its update), or
         None when the buffer holds nothing to train on."""
-        batch = self._next_batch(flush)
+        batch = self._next_batch()
         if not batch:
             return None
         model = self.adapters.activate(self.target_id)
@@ -172,13 +166,10 @@ class Learner:
         return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
 
     # ------------------------------------------------------------ passes
-    def _next_batch(self, flush: bool) -> list[Sample]:
+    def _next_batch(self) -> list[Sample]:
         todo = self._todo()
-        if not todo:  # a new pass: every sample the buffer holds now ...
-            held = {s.seq for s in self.buffer.samples()}
-            if not flush and held <= self._last_pass:  # ... once a new turn has come
-                return []
-            self._pass = held
+        if not todo:  # a new pass: every sample the buffer holds now
+            self._pass = {s.seq for s in self.buffer.samples()}
             self._done = set()
             todo = self._todo()
         return todo[: self.batch_size]
@@ -197,7 +188,7 @@ class Learner:
         self.buffer.remove(finished)
         live = {s.seq for s in self.buffer.samples()}
         self._trained = {seq: n for seq, n in self._trained.items() if seq in live}
-        self._last_pass, self._pass, self._done = self._pass, set(), set()
+        self._pass, self._done = set(), set()
         try:
             self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples})
             self.buffer.save()

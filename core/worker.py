@@ -200,11 +200,10 @@ class WorkerLoop:
         """One short unit of learning; the loop checks the queue again right after."""
         try:
             # A request waiting in the queue stops training at the next layer boundary.
-            params = inspect.signature(self.engine.idle_step).parameters
-            kwargs = {"should_stop": self._request_waiting} if "should_stop" in params else {}
-            if "flush" in params:  # "learn now": every buffered turn, owed passes too
-                kwargs["flush"] = self.learn_now
-            progress = self.engine.idle_step(**kwargs)
+            if "should_stop" in inspect.signature(self.engine.idle_step).parameters:
+                progress = self.engine.idle_step(should_stop=self._request_waiting)
+            else:
+                progress = self.engine.idle_step()
         except Exception as exc:  # noqa: BLE001 - learning must never take the worker down
             self.learning_has_work = False  # don't repeat a failing step in a tight loop
             self.learn_now = False

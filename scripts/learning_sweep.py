@@ -79,7 +79,6 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
     ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--lam", type=float, default=0.2, help="weight of the n-gram NLL term")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
     ap.add_argument("--json", type=Path)
@@ -105,7 +104,7 @@ def main() -> int:
             engine.adapters.reset(args.target)
             buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
             learner = Learner(engine.drafter.model, engine.target.model, engine.bridge, buffer,
-                              engine.adapters, args.target, lr=lr, lam=args.lam, threads=args.threads)
+                              engine.adapters, args.target, lr=lr, threads=args.threads)
             row = {"lr": lr, "passes": [evaluate(learner, dev)]}
             print(f"lr {lr:g} pass 0: {row['passes'][-1]}", file=sys.stderr, flush=True)
             for p in range(args.passes):
@@ -118,8 +117,7 @@ def main() -> int:
                                       "seconds": time.perf_counter() - t0})
                 print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
             results.append(row)
-        report = {"target": args.target, "oracle": args.oracle, "lam": args.lam, "train": len(train),
-                  "dev": len(dev), "results": results}
+        report = {"target": args.target, "oracle": args.oracle, "train": len(train), "dev": len(dev), "results": results}
         print(json.dumps(report, indent=2))
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -98,11 +98,9 @@ def test_replay_passes_keep_a_turn_for_more_passes(parts):
     third = learner.step()
     assert second["samples"] == 4 and not second["pass_done"] and third["pass_done"]
     assert [s.seq for s in buffer.samples()] == [2]  # the first two had both passes
-    # The new turn's second pass waits for newer turns to mix with, unless flushed.
-    assert learner.step() is None and len(buffer) == 1
-    fourth = learner.step(flush=True)
+    fourth = learner.step()
     assert fourth["pass_done"] and len(buffer) == 0 and fourth["samples"] == 6
-    assert learner.step(flush=True) is None
+    assert learner.step() is None
 
 
 def test_should_stop_interrupts_quickly_without_changes(parts):
