@@ -263,11 +263,11 @@ class VocabBridge:
         # the target tokenizes it as text, as it does the user's typing.
         ids = self.target_tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         spelled = [t_bytes[t] if t < len(t_bytes) else None for t in ids]
+        ends = list(accumulate(len(b) for b in pieces))  # drafted token i covers [ends[i-1], ends[i])
         if any(b is None for b in spelled) or b"".join(spelled) != body:
-            return self._propose_after(pieces, drafted, len(held))
+            return self._propose_after(drafted[: len(pieces)], ends, len(held))
         if ids and not spelled[-1].strip():
             ids, spelled = ids[:-1], spelled[:-1]
-        ends = list(accumulate(len(b) for b in pieces))  # drafted token i covers [ends[i-1], ends[i])
         out = Proposal([], [])
         start = len(held)
         for tid, b in zip(ids, spelled):
@@ -279,17 +279,14 @@ class VocabBridge:
             start = stop
         return out
 
-    def _propose_after(self, pieces: list[bytes], drafted: list[int], held: int) -> Proposal:
+    def _propose_after(self, drafted: list[int], ends: list[int], held: int) -> Proposal:
         """Token mapping of the drafted tokens after the first `held` bytes (what
         token healing re-drafted was accepted already); nothing when a drafted
-        token straddles that boundary."""
-        skip = covered = 0
-        while covered < held:
-            covered += len(pieces[skip])
-            skip += 1
-        if covered != held:
+        token straddles that boundary. ends: each drafted token's end offset."""
+        if held and held not in ends:
             return Proposal([], [])
-        out = self.propose(drafted[skip : len(pieces)], use_cache=True)
+        skip = ends.index(held) + 1 if held else 0
+        out = self.propose(drafted[skip:], use_cache=True)
         out.spans = [tuple(i + skip for i in span) for span in out.spans]
         return out
 
