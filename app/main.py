@@ -14,6 +14,15 @@ import sys
 
 
 def run_app(target: str | None = None) -> int:
+    from .platform_libs import display_problem
+
+    # Before Qt loads: without a display or the xcb plugin's system libraries,
+    # QApplication aborts the process with a message that names neither.
+    problem = display_problem()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+
     import qasync
     from PySide6.QtCore import QCoreApplication, QEvent
     from PySide6.QtWidgets import QApplication, QMessageBox
