@@ -80,6 +80,17 @@ class Drafter:
         return f"{self.loaded.entry.name}, {n} layers, {quant}, k={self.settings.k}"
 
     # --------------------------------------------------------------- context
+    def fit_prefix(self, prefix_ids: list[int], reply_room: int) -> list[int]:
+        """The part of a prefix the drafter reads: all of it when reply_room more
+        tokens still fit after it, else its first token (the attention sink every
+        context starts with) and the most recent tokens. At most half the context
+        is set aside for the reply; a longer one drafts until the context is full
+        and is verified without drafts from there (see _set_context)."""
+        room = self.max_len - min(reply_room, self.max_len // 2)
+        if len(prefix_ids) <= room:
+            return list(prefix_ids)
+        return list(prefix_ids[:1]) + list(prefix_ids[len(prefix_ids) - (room - 1):])
+
     def start(self, prefix_ids: list[int]) -> None:
         self.prefix = list(prefix_ids)
         self.reply_text, self.reply_ids, self.held = "", [], b""
@@ -118,6 +129,12 @@ class Drafter:
         self._set_context(self.prefix + self.reply_ids)
 
     def _set_context(self, ids: list[int]) -> None:
+        if len(ids) > self.max_len:
+            # The reply outgrew the drafter's context: no drafts from here on, each
+            # step verifies only the target's own token (a slower reply, not an error).
+            self.net.reset()
+            self.cached, self.context, self._logits = [], [], None
+            return
         common = 0
         limit = min(len(ids), len(self.cached))
         while common < limit and ids[common] == self.cached[common]:
@@ -169,6 +186,8 @@ class Drafter:
             if i == k - 1 or confidence < self.settings.min_confidence:
                 break
             if gamma is not None and 1.0 - all_accepted > gamma:
+                break
+            if self.net.length >= self.max_len:  # the context is full: the draft ends here
                 break
             logits = self.net.forward([tok])[0][-1]
             self.cached.append(tok)

@@ -42,6 +42,25 @@ class InputError(Exception):
 
 
 @dataclass
+class EncodedChat:
+    """A conversation as the target reads it."""
+
+    ids: list[int]  # the target's token ids of `messages`
+    messages: list[dict]  # the messages kept: the system message, then the latest turns
+    omitted: int = 0  # the oldest messages left out to fit the context window
+
+
+def _turn_starts(turns: list[dict]) -> list[int]:
+    """Where the kept part of a conversation (without its system message) may
+    begin, earliest first: at a user message, so no reply is kept without what it
+    answers; after any message over MAX_MESSAGE_CHARS (one refused before, never
+    read whole again); at the last message at the latest."""
+    last = len(turns) - 1
+    floor = max((i + 1 for i in range(last) if len(turns[i].get("content", "")) > MAX_MESSAGE_CHARS), default=0)
+    return [i for i in range(floor, last) if turns[i].get("role") == "user"] + [last]
+
+
+@dataclass
 class LearnSettings:
     """Online distillation (OMNIDRAFT.md §2): the paper's settings except lr and
     passes, chosen by scripts/learning_sweep.py (docs/learning.md): with ~20
@@ -185,7 +204,12 @@ class Engine:
             self.draft_policy.save(self.state_dir(self.target.entry.id) / "draft_policy.json")
 
     # ------------------------------------------------------------------ input
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict]) -> EncodedChat:
+        """The conversation as the target reads it. When it outgrows the context
+        window the oldest whole turns are left out (the system message stays), and
+        everything up to a message too long to ever be read again: a refused
+        over-long message stays in the history the GUI sends, and must not make
+        every later turn fail. Only the last message being too long is an error."""
         if self.target is None:
             raise InputError("No model is loaded yet.")
         if not messages or not messages[-1].get("content", "").strip():
@@ -195,24 +219,41 @@ class Engine:
                 f"The message is too long ({len(messages[-1]['content']):,} characters; "
                 f"at most {MAX_MESSAGE_CHARS:,})."
             )
-        tok = self.target.tokenizer
-        ids = encode_chat(tok, messages, self.target.entry.chat_format)
-        # Keep the latest turns when the conversation outgrows the context window.
+        tok, chat_format = self.target.tokenizer, self.target.entry.chat_format
+        system = messages[:1] if len(messages) > 1 and messages[0].get("role") == "system" else []
+        turns = messages[len(system):]
+        starts = _turn_starts(turns)
         limit = self.context_limit()
-        while len(ids) > limit and len(messages) > 1:
-            messages = messages[1:]
-            ids = encode_chat(tok, messages, self.target.entry.chat_format)
-        if len(ids) > limit:
+        encoded: dict[int, list[int]] = {}  # ids of the conversation from starts[i]
+
+        def fits(i: int) -> bool:
+            encoded[i] = encode_chat(tok, system + turns[starts[i]:], chat_format)
+            return len(encoded[i]) <= limit
+
+        # Usually everything fits (one encoding); otherwise the earliest start that
+        # fits, by bisection: leaving out more messages never makes the text longer.
+        if fits(0):
+            first = 0
+        else:
+            lo, hi = 1, len(starts)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+            first = lo
+        if first == len(starts):  # not even the last message alone fits (the search tried it)
+            n = len(encoded[len(starts) - 1])
             raise InputError(
-                f"The message is too long for {self.target.entry.name}: {len(ids):,} tokens, "
+                f"The message is too long for {self.target.entry.name}: {n:,} tokens, "
                 f"and it reads at most {limit:,}."
             )
-        return ids
+        start = starts[first]
+        return EncodedChat(encoded[first], system + turns[start:], omitted=start)
 
     def context_limit(self, reserve: int = 512) -> int:
         cfg = self.target.model.config
         window = getattr(cfg, "max_position_embeddings", 2048) or 2048
-        # The drafter's preallocated context (Drafter max_len) must hold the same text.
+        # The drafter's preallocated context (Drafter max_len) should hold the same
+        # text and its reply; where it cannot, the drafter reads the latest part.
         return max(64, min(window, 8192) - reserve)
 
     # ------------------------------------------------------------------ decoding
@@ -220,12 +261,13 @@ class Engine:
         self, messages: list[dict], cfg: GenerationConfig, cancel: Cancel = _never,
         speculative: bool = True,
     ) -> Iterator[TokenChunk | TurnFinished]:
-        ids = self.encode(messages)
+        encoded = self.encode(messages)
         prefix = None
         if speculative and self._drafter is not None:
-            # The drafter reads the conversation in its own chat format.
-            prefix = encode_chat(self.drafter.tokenizer, messages, "template")
-        yield from self._run(ids, prefix, cfg, cancel, speculative)
+            # The drafter reads what the target reads (the same kept messages), in
+            # its own chat format.
+            prefix = encode_chat(self.drafter.tokenizer, encoded.messages, "template")
+        yield from self._run(encoded.ids, prefix, cfg, cancel, speculative, encoded.omitted)
 
     def complete(
         self, prompt: str, cfg: GenerationConfig, cancel: Cancel = _never, speculative: bool = False
@@ -239,7 +281,10 @@ class Engine:
             prefix = self.drafter.tokenizer(prompt, split_special_tokens=True)["input_ids"]
         yield from self._run(ids, prefix, cfg, cancel, speculative)
 
-    def _run(self, ids, drafter_prefix, cfg, cancel, speculative):
+    def _run(
+        self, ids: list[int], drafter_prefix: list[int] | None, cfg: GenerationConfig, cancel: Cancel,
+        speculative: bool, omitted: int = 0,
+    ) -> Iterator[TokenChunk | TurnFinished]:
         if self.target is None:
             raise InputError("No model is loaded yet.")
         t = self.target
@@ -247,6 +292,8 @@ class Engine:
         if speculative and self._drafter is not None and self.bridge is not None:
             if self.bridge.same_vocab:
                 drafter_prefix = ids
+            # Its tokenizer may need more tokens than the target's for the same text.
+            drafter_prefix = self._drafter.fit_prefix(drafter_prefix, cfg.max_new_tokens + self.spec_options.k)
             events = generate_speculative(
                 t.model, t.tokenizer, self._drafter, self.bridge, ids, drafter_prefix,
                 cfg, stops, self.spec_options, cancel, self.draft_policy, learn_policy=not self.evaluating,
@@ -257,6 +304,7 @@ class Engine:
         try:
             for event in events:
                 if isinstance(event, TurnFinished):
+                    event.omitted_messages = omitted
                     self._after_turn(event)
                     if event.stats.method == "omnidraft" and not self.evaluating:
                         self._record(ids, drafter_prefix, event)
@@ -382,4 +430,4 @@ class Engine:
             learner.threads = threads
 
 
-__all__ = ["Engine", "GenerationConfig", "InputError", "ModelError"]
+__all__ = ["EncodedChat", "Engine", "GenerationConfig", "InputError", "ModelError"]

@@ -56,3 +56,6 @@ class TurnFinished:
     reason: str  # "eos", "stop", "length" or "cancelled"
     stats: TurnStats
     token_ids: list[int] = field(default_factory=list)
+    # The oldest messages of the conversation the model did not read (they no
+    # longer fit its context), so the GUI can say so.
+    omitted_messages: int = 0

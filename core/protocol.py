@@ -121,6 +121,7 @@ class TurnDone:
     stats: dict  # TurnStats.as_dict()
     model_id: str
     baseline_tokens_per_s: float | None  # the target's plain speed measured here
+    omitted_messages: int = 0  # oldest messages left out to fit the context (TurnFinished)
 
 
 @dataclass

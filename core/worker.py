@@ -361,6 +361,7 @@ class WorkerLoop:
             item.stats.as_dict(),
             self._model_id() or "",
             getattr(self.engine, "baseline_tokens_per_s", None),
+            item.omitted_messages,
         )
 
     def _chat_failed(self, request_id: int, batcher: _Batcher, message: str, detail: str) -> None:

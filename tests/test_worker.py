@@ -187,6 +187,21 @@ def test_control_tokens_and_empty_messages_do_not_break_the_worker(worker):
     assert events.done(32)[-1].reason == "length"
 
 
+def test_a_refused_message_in_the_history_is_left_out_and_reported(worker):
+    """The GUI sends a refused over-long message back with the next turn: the reply
+    still comes, and TurnDone says how many of the oldest messages were left out."""
+    handle, events, _ = worker
+    refused = "x " * 100_001
+    handle.send(ChatRequest(40, user(refused), max_new_tokens=2))
+    seen = events.done(40)
+    assert "too long" in next(e for e in seen if isinstance(e, ErrorEvent)).message
+
+    handle.send(ChatRequest(41, user(refused) + user("hi"), max_new_tokens=4))
+    seen = events.done(41)
+    assert not any(isinstance(e, ErrorEvent) for e in seen)
+    assert seen[-1].reason == "length" and seen[-1].omitted_messages == 1
+
+
 def test_killed_worker_can_be_restarted(tmp_path, tiny_model):
     handle = WorkerHandle(home=str(tmp_path / "home"), threads=1)
     handle.start()
