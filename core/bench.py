@@ -7,6 +7,10 @@ Methods (all on the same loaded target model, same prompt token ids):
              (Universal Assisted Generation when the vocabularies differ)
   omnidraft  this engine's speculative decoding (Engine.complete(..., speculative=True))
 
+With --chat each prompt is sent as one user message through the target's chat
+template (Engine.chat: the app's own path, as a user meets it); without it the
+prompt is a raw completion.
+
 Every method is timed with the same wall clock around one whole call, prompt text
 in, token ids out; methods run interleaved prompt by prompt so machine drift hits
 all alike. tokens_per_step is new tokens per target forward call (prompt forward
@@ -36,7 +40,7 @@ import torch
 
 from . import paths
 from .catalog import SMOLLM2_ID, ModelCatalog, ModelError
-from .chat_format import stop_token_ids
+from .chat_format import encode_chat, stop_token_ids
 from .engine import Engine, InputError
 from .events import TurnFinished, TurnStats
 from .loader import LoadedModel, load
@@ -110,6 +114,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="OMNIDRAFT_HOME for the run, where the engine keeps learned state "
         "(default: a fresh temporary one, deleted afterwards)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each prompt as a user message through the chat template (the app's path)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     p.add_argument(
@@ -214,8 +223,14 @@ def machine_cores() -> int:
 # --------------------------------------------------------------------------- methods
 
 
-def prompt_ids(tokenizer, prompt: str) -> list[int]:
-    # Exactly how Engine.complete tokenizes, so every method decodes the same ids.
+def as_chat(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def prompt_ids(tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    # Exactly how Engine.chat / Engine.complete tokenize, so every method decodes the same ids.
+    if chat:
+        return encode_chat(tokenizer, as_chat(prompt))
     return tokenizer(prompt, split_special_tokens=True)["input_ids"]
 
 
@@ -232,11 +247,15 @@ def trim(ids: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
     return ids[:max_new_tokens]
 
 
-def engine_runner(engine: Engine, speculative: bool) -> Runner:
+def engine_runner(engine: Engine, speculative: bool, chat: bool = False) -> Runner:
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        # speculative= is passed only when asked: older engines do not take it.
-        kwargs = {"speculative": True} if speculative else {}
-        done = [e for e in engine.complete(prompt, cfg, **kwargs) if isinstance(e, TurnFinished)]
+        if chat:
+            events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
+        else:
+            # speculative= is passed only when asked: older engines do not take it.
+            kwargs = {"speculative": True} if speculative else {}
+            events = engine.complete(prompt, cfg, **kwargs)
+        done = [e for e in events if isinstance(e, TurnFinished)]
         if not done:
             raise RuntimeError("the engine finished without a TurnFinished event")
         stats = done[-1].stats
@@ -250,7 +269,7 @@ def engine_runner(engine: Engine, speculative: bool) -> Runner:
     return run
 
 
-def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None) -> Runner:
+def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None, chat: bool = False) -> Runner:
     """transformers generate() on the target, optionally assisted by a drafter."""
     model, tok = target.model, target.tokenizer
     stops = stop_token_ids(tok, model)  # the stop ids the engine uses
@@ -266,7 +285,7 @@ def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None) -> Runn
 
     @torch.inference_mode()
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        ids = prompt_ids(tok, prompt)
+        ids = prompt_ids(tok, prompt, chat)
         x = torch.tensor([ids], dtype=torch.long)
         sampling: dict = {"do_sample": False}
         if not cfg.greedy:
@@ -439,14 +458,16 @@ def top2_gap(model, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def divergences(m: Method, base: Method, target: LoadedModel, prompts: list[dict]) -> list[dict]:
+def divergences(
+    m: Method, base: Method, target: LoadedModel, prompts: list[dict], chat: bool = False
+) -> list[dict]:
     """Where a method's greedy output first leaves the target's, and how close the call was."""
     found = []
     for i, (mine, ref) in enumerate(zip(m.outputs, base.outputs)):
         pos = first_difference(mine.token_ids, ref.token_ids)
         if pos is None:
             continue
-        ids = prompt_ids(target.tokenizer, prompts[i]["prompt"]) + ref.token_ids[:pos]
+        ids = prompt_ids(target.tokenizer, prompts[i]["prompt"], chat) + ref.token_ids[:pos]
         found.append({"prompt_index": i, "position": pos, "top2_gap": top2_gap(target.model, ids)})
     return found
 
@@ -491,7 +512,9 @@ def build_report(
     diverged = {}
     if greedy and base:
         diverged = {
-            m.name: divergences(m, base, engine.target, prompts) for m in methods if m is not base
+            m.name: divergences(m, base, engine.target, prompts, args.chat)
+            for m in methods
+            if m is not base
         }
     spec = summary.get("omnidraft")
     return {
@@ -510,7 +533,14 @@ def build_report(
         "methods": summary,
         "divergences": diverged.get("omnidraft", []),
         "divergences_by_method": diverged,
+        "chat": args.chat,
         "outputs": {m.name: [o.token_ids for o in m.outputs] for m in methods},
+        # What was generated, readable: anyone can check the replies, not only time them.
+        "texts": {
+            m.name: [engine.target.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+                     for o in m.outputs]
+            for m in methods
+        },
         "prompt_ids": [row.get("id", i) for i, row in enumerate(prompts)],
         "state_dir": str(args.state_dir) if args.state_dir else None,
         "wall_seconds": wall,
@@ -545,6 +575,7 @@ def format_table(report: dict) -> str:
         f"target: {report['target']}   drafter: {report['drafter'] or '-'}   "
         f"dtype: {report['dtype']}   prompts: {report['prompts']}   "
         f"max new tokens: {report['max_new_tokens']}   temperature: {report['temperature']}   "
+        f"prompts as: {'chat' if report.get('chat') else 'raw completion'}   "
         f"threads: {report['machine']['torch_threads']}"
     )
     cols = (
@@ -579,11 +610,11 @@ def build_methods(
     """Runners in the order asked, warmed up; uag last so a lazily loaded drafter exists."""
     made: dict[str, Method] = {}
     if "target" in args.methods:
-        made["target"] = Method("target", engine_runner(engine, speculative=False))
+        made["target"] = Method("target", engine_runner(engine, False, args.chat))
     if "hf" in args.methods:
-        made["hf"] = Method("hf", hf_runner(engine.target))
+        made["hf"] = Method("hf", hf_runner(engine.target, chat=args.chat))
     if "omnidraft" in args.methods:
-        made["omnidraft"] = Method("omnidraft", engine_runner(engine, speculative=True))
+        made["omnidraft"] = Method("omnidraft", engine_runner(engine, True, args.chat))
     for m in made.values():
         warm_up(m)
     if "omnidraft" in made:
@@ -593,7 +624,7 @@ def build_methods(
     name = drafter.name if drafter and "omnidraft" in made else None
     if "uag" in args.methods:
         assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
-        made["uag"] = Method("uag", hf_runner(engine.target, assistant))
+        made["uag"] = Method("uag", hf_runner(engine.target, assistant, args.chat))
         warm_up(made["uag"])
         name = name or assistant.entry.name
     return [made[m] for m in args.methods], name

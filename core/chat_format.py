@@ -9,7 +9,9 @@ forge a system message.
 
 from __future__ import annotations
 
+import re
 import uuid
+from functools import lru_cache
 
 GEMMA_TURNS = (
     "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else 'user' }}\n"
@@ -37,7 +39,32 @@ def encode_text(tokenizer, text: str) -> list[int]:
     """User or document text: never produces special/control tokens."""
     if not text:
         return []
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    markers = _template_markers(tokenizer)
+    found = markers.search(text) if markers else None
+    if found is None:
+        return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    # A marker typed as text is split after its first character, so it cannot match.
+    start = found.start()
+    return (encode_text(tokenizer, text[:start]) + encode_text(tokenizer, text[start : start + 1])
+            + encode_text(tokenizer, text[start + 1 :]))
+
+
+def _template_markers(tokenizer) -> re.Pattern | None:
+    """Added tokens not flagged special that the chat template uses as markup
+    (Qwen's `<tool_call>`): split_special_tokens leaves them whole, so user text
+    typed as `<tool_call>` would otherwise become the model's tool-call token."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return None
+    added = tuple(t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                  if not t.special)
+    return _markers_in(template, added)
+
+
+@lru_cache(maxsize=8)
+def _markers_in(template: str, added: tuple[str, ...]) -> re.Pattern | None:
+    used = sorted((a for a in added if len(a) > 1 and a.strip() and a in template), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, used))) if used else None
 
 
 def encode_chat(tokenizer, messages: list[dict], chat_format: str = "template") -> list[int]:

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from . import paths
-from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, gemma_terms_files, inspect_path
+from .bundled_models import gemma_terms_files
+from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
 
 Progress = Callable[[str, float], None]  # (stage description, fraction 0..1)
 _COMPLETE = "omnidraft-converted.json"
@@ -46,7 +47,7 @@ def _no_progress(stage: str, fraction: float) -> None:
 def source_path(entry: ModelEntry, progress: Progress = _no_progress) -> Path:
     if entry.bundled:
         progress("Preparing bundled model file", 0.0)
-        return bundled_path(entry.id)
+        return bundled_path(entry.id, progress)
     return Path(entry.path)
 
 
@@ -75,10 +76,10 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progres
     shutil.rmtree(dest, ignore_errors=True)
     tmp = dest.with_name(dest.name + f".partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"Converting {gguf.name} (first use only)", 0.05)
+    progress(f"Converting {gguf.name} (first use only)", 0.35)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        progress("De-quantizing weights", 0.3)
+        progress("De-quantizing weights", 0.45)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent),
             gguf_file=gguf.name,
@@ -87,7 +88,7 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progres
         )
     except Exception as exc:
         raise ModelError(f"{gguf.name} could not be loaded as a model: {exc}") from exc
-    progress("Saving converted copy", 0.8)
+    progress("Saving converted copy", 0.85)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if entry.id == GEMMA_ID:
@@ -123,5 +124,6 @@ def load(
     except Exception as exc:
         raise ModelError(f"{entry.name} could not be loaded: {exc}") from exc
     model.eval()
-    progress(f"{entry.name} ready", 1.0)
+    # Not 1.0: the engine still loads the drafter and measures the target after this.
+    progress(f"{entry.name} loaded", 0.965)
     return LoadedModel(entry, model, tokenizer, time.perf_counter() - start)

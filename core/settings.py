@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .catalog import DEFAULT_TARGET
 from .persistence import CorruptStateError, atomic_write_json, read_json
 
 # (low, high) for each numeric setting. adaptive_gamma is the stop threshold γ of
@@ -40,7 +41,7 @@ class Settings:
     idle_delay_s: float = 20.0  # learning starts after this long without a request
     learner_threads: int = 1
     learning_paused: bool = False
-    last_target: str = "gemma-3-270m"
+    last_target: str = DEFAULT_TARGET
     speculative: bool = True
     highlight_drafts: bool = False
 

@@ -6,7 +6,7 @@ reports the worst event-loop stall per phase (engine start, model loading,
 streaming) from the window's 10 ms stall monitor. Optionally saves
 screenshots of the window, the charts and the settings dialog.
 
-    .venv/bin/python scripts/gui_check.py --target gemma-3-270m \
+    .venv/bin/python scripts/gui_check.py --target qwen2.5-coder-1.5b-instruct \
         --prompt "Write a Python function that reverses a string." --shots docs/screenshots
 
 --learn-seconds N then asks the engine to learn now and watches it for N seconds.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target", default="gemma-3-270m", help="catalog id or model path")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="catalog id or model path")
     p.add_argument("--prompt", action="append", help="a message to send (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--cache", help="an existing cache folder (holding models/, gguf/) to reuse")

@@ -48,6 +48,12 @@ def gemma_tok():
     return _tokenizer("gemma-3-270m")
 
 
+@pytest.fixture(scope="session")
+def qwen_tok():
+    """The Qwen2 tokenizer of both bundled Qwen2.5-Coder targets (from the smaller one)."""
+    return _tokenizer("qwen2.5-coder-0.5b-instruct")
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A fresh, empty OMNIDRAFT_HOME for one test."""

@@ -71,8 +71,30 @@ def test_target_and_hf_report(tiny_target, prompts_file, tmp_path, capsys):
     assert report["prompt_ids"] == ["p0", "p1"]
     assert report["machine"]["torch_threads"] >= 1
 
+    # The replies themselves, readable: each is the decoding of its token ids.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    assert report["texts"]["target"] == [tok.decode(ids, skip_special_tokens=True) for ids in target]
+    assert report["texts"]["hf"] == report["texts"]["target"] and report["chat"] is False
+
     table = capsys.readouterr().out
     assert "target" in table and "hf" in table and "1.00x" in table
+
+
+def test_chat_prompts_go_through_the_chat_template(tiny_target, prompts_file, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--target", tiny_target, "--prompts", prompts_file, "--limit", 1,
+            "--max-new-tokens", 6, "--methods", "target,hf,omnidraft", "--dtype", "fp32"]
+    assert _run(args + ["--chat", "--json", out]) == 0
+    chat = json.loads(out.read_text())
+    assert _run(args + ["--json", out]) == 0
+    raw = json.loads(out.read_text())
+    assert chat["chat"] is True
+    # Another prompt (template around it): another continuation; every method agrees within a run.
+    assert chat["outputs"]["target"] != raw["outputs"]["target"]
+    assert chat["outputs"]["hf"] == chat["outputs"]["target"] == chat["outputs"]["omnidraft"]
+    assert chat["methods"]["omnidraft"]["engine"]["prompt_tokens"] > raw["methods"]["omnidraft"]["engine"]["prompt_tokens"]
 
 
 def test_omnidraft_fails_clearly_without_speculative_decoding(

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from omnidraft.core.catalog import GEMMA_ID, SMOLLM2_ID, ModelCatalog, ModelError
+from omnidraft.core.catalog import BUNDLED, GEMMA_ID, QWEN05_ID, QWEN15_ID, SMOLLM2_ID, ModelCatalog, ModelError
 
 
 def test_bundled_entries_are_listed(home):
     ids = [e.id for e in ModelCatalog().entries()]
-    assert ids[:2] == [SMOLLM2_ID, GEMMA_ID]
+    assert ids == [QWEN15_ID, QWEN05_ID, GEMMA_ID, SMOLLM2_ID]
 
 
 @pytest.mark.parametrize(
@@ -29,7 +29,7 @@ def test_bad_paths_are_rejected_with_a_clear_message(home, tmp_path, make, messa
     catalog = ModelCatalog()
     with pytest.raises(ModelError, match=message):
         catalog.add(path)
-    assert len(catalog.entries()) == 2  # nothing half-added
+    assert len(catalog.entries()) == len(BUNDLED)  # nothing half-added
 
 
 def test_user_entries_persist_and_can_be_removed(home, tmp_path, smol_tok):
@@ -42,7 +42,7 @@ def test_user_entries_persist_and_can_be_removed(home, tmp_path, smol_tok):
     assert ModelCatalog().get(entry.id).path == str(folder.resolve())
     assert ModelCatalog().add(folder).id == entry.id  # adding twice keeps one entry
     ModelCatalog().remove(entry.id)
-    assert [e.id for e in ModelCatalog().entries()] == [SMOLLM2_ID, GEMMA_ID]
+    assert [e.id for e in ModelCatalog().entries()] == list(BUNDLED)
 
 
 def test_too_large_for_memory(home, tmp_path, smol_tok, monkeypatch):
@@ -62,7 +62,7 @@ def test_corrupt_catalog_is_kept_aside_and_reported(home):
     catalog.store.write_text("{not json")
     reopened = ModelCatalog()
     assert "damaged" in reopened.load_warning
-    assert len(reopened.entries()) == 2
+    assert len(reopened.entries()) == len(BUNDLED)
     assert list(catalog.store.parent.glob("catalog.json.corrupt*"))
 
 

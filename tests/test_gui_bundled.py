@@ -1,14 +1,15 @@
 """The new user's first session, with the bundled models (integration tier):
-the app opens on Gemma-3-270M with the real SmolLM2 drafter, a chat reply is
-drafted and verified, the charts show its acceptance and measured speedup,
-switching to SmolLM2 and back keeps the conversation, and "Learn now" trains
+the app opens on Qwen2.5-Coder-1.5B-Instruct with the real SmolLM2 drafter, a
+chat reply is drafted and verified across the two vocabularies, the charts show
+its acceptance and measured speedup, switching to the 0.5B and back keeps the
+conversation, and "Learn now" trains
 the drafter on what was served."""
 
 from __future__ import annotations
 
 import pytest
 from omnidraft.app.main_window import MainWindow
-from omnidraft.core.catalog import GEMMA_ID, SMOLLM2_ID
+from omnidraft.core.catalog import QWEN05_ID, QWEN15_ID, SMOLLM2_ID
 from omnidraft.core.protocol import LearningProgress
 
 from tests.gui_helpers import WAIT_MS, Recorder, dispose, send, turn
@@ -39,8 +40,11 @@ def app_window(gui_home, qt_loop, qapp):
 
 def test_first_session_with_the_bundled_models(app_window, qtbot):
     win = app_window
-    assert win.current_target == GEMMA_ID
-    assert win.targets_menu.checked_id() == GEMMA_ID
+    assert win.current_target == QWEN15_ID
+    assert win.targets_menu.checked_id() == QWEN15_ID
+    labels = [a.text() for a in win.targets_menu.actions()]
+    assert any(t.startswith("Qwen2.5-Coder-1.5B-Instruct  (1.1 GB, chat and code") for t in labels)
+    assert any("base model" in t for t in labels)
 
     done = turn(qtbot, win, send(qtbot, win, "Write a Python function that adds two numbers.", REPLY))
     assert done.reason in ("length", "eos") and done.text.strip()
@@ -52,20 +56,20 @@ def test_first_session_with_the_bundled_models(app_window, qtbot):
     assert win.charts.acceptance_plot.listDataItems() and win.charts.speedup_plot.listDataItems()
     conv_id = win.current_conv
 
-    win.switch_target(SMOLLM2_ID)
-    qtbot.waitUntil(lambda: win.current_target == SMOLLM2_ID and win.active is None, timeout=3 * WAIT_MS)
-    assert win.targets_menu.checked_id() == SMOLLM2_ID and win.current_conv == conv_id
+    win.switch_target(QWEN05_ID)
+    qtbot.waitUntil(lambda: win.current_target == QWEN05_ID and win.active is None, timeout=3 * WAIT_MS)
+    assert win.targets_menu.checked_id() == QWEN05_ID and win.current_conv == conv_id
     other = turn(qtbot, win, send(qtbot, win, "And one that multiplies them?", REPLY))
-    assert other.model_id == SMOLLM2_ID and other.text.strip()
+    assert other.model_id == QWEN05_ID and other.text.strip()
 
-    win.switch_target(GEMMA_ID)
-    qtbot.waitUntil(lambda: win.current_target == GEMMA_ID and win.active is None, timeout=3 * WAIT_MS)
+    win.switch_target(QWEN15_ID)
+    qtbot.waitUntil(lambda: win.current_target == QWEN15_ID and win.active is None, timeout=3 * WAIT_MS)
     assert [m["role"] for m in win.store.get(conv_id).messages] == ["user", "assistant"] * 2
     turn(qtbot, win, send(qtbot, win, "Now write one that subtracts them.", REPLY))
 
     win.learn_now()
     qtbot.waitUntil(
-        lambda: any(e.steps > 0 for e in win.recorder.of(LearningProgress, model_id=GEMMA_ID)),
+        lambda: any(e.steps > 0 for e in win.recorder.of(LearningProgress, model_id=QWEN15_ID)),
         timeout=5 * WAIT_MS,
     )
-    assert win.history.learning_for(GEMMA_ID)
+    assert win.history.learning_for(QWEN15_ID)

@@ -12,7 +12,7 @@ def test_defaults():
     assert (s.temperature, s.top_p, s.max_new_tokens, s.draft_length) == (0.0, 1.0, 512, 4)
     assert s.adaptive_gamma is None and s.idle_delay_s == 20.0 and s.learner_threads == 1
     assert s.learning_paused is False and s.speculative is True and s.highlight_drafts is False
-    assert s.last_target == "gemma-3-270m"
+    assert s.last_target == "qwen2.5-coder-1.5b-instruct"
 
 
 def test_missing_file_gives_defaults_without_warnings(home):

@@ -13,7 +13,7 @@ from omnidraft.core.catalog import ModelEntry
 from omnidraft.core.sampling import GenerationConfig
 from omnidraft.core.speculative import SpecOptions, generate_speculative
 from omnidraft.core.vocab_bridge import VocabBridge
-from tests.tiny import tiny_gemma3, tiny_llama
+from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen2
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
@@ -59,6 +59,23 @@ def test_cross_vocab_greedy_is_lossless(cross, gemma_tok, prompt, lookup):
     assert spec.token_ids == plain.token_ids
     assert spec.text == plain.text
     assert spec.stats.steps < spec.stats.new_tokens or spec.stats.accepted == 0
+
+
+@pytest.fixture(scope="module")
+def cross_qwen(smol_tok, qwen_tok):
+    target = tiny_qwen2(len(qwen_tok), seed=1)
+    drafter = _drafter(tiny_llama(len(smol_tok), seed=2), smol_tok)
+    return target, drafter, VocabBridge(smol_tok, qwen_tok)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS + ["x<|im_end|>\n<|im_start|>assistant\n    return"])
+def test_cross_vocab_greedy_is_lossless_with_the_qwen_tokenizer(cross_qwen, qwen_tok, prompt):
+    target, drafter, bridge = cross_qwen
+    cfg = GenerationConfig(max_new_tokens=24)
+    plain = _run_plain(target, qwen_tok, prompt, cfg)
+    spec = _run_spec(target, qwen_tok, drafter, bridge, prompt, cfg)
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text
 
 
 def test_same_vocab_with_a_perfect_drafter_accepts_everything(smol_tok):

@@ -7,7 +7,7 @@ with '▁', byte fallback, special tokens) at a fraction of the real models' cos
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
 
 def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2, dtype=torch.float32):
@@ -42,5 +42,24 @@ def tiny_gemma3(vocab_size: int, seed: int = 0, dtype=torch.float32):
         bos_token_id=2,
         eos_token_id=1,
         pad_token_id=0,
+    )
+    return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+
+
+def tiny_qwen2(vocab_size: int, seed: int = 0, dtype=torch.float32):
+    """Shaped like the bundled Qwen2.5-Coder targets (biased q/k/v). Untied: a tied
+    random Qwen2 this small repeats one token whatever the prompt."""
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
     )
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
