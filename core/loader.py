@@ -22,6 +22,7 @@ import torch
 from . import paths
 from .bundled_models import gemma_terms_files
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
+from .persistence import partial_path, remove_stale_partials
 
 Progress = Callable[[str, float], None]  # (stage description, fraction 0..1)
 _COMPLETE = "omnidraft-converted.json"
@@ -74,7 +75,8 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progres
         return dest
     # Anything here without the completion marker is a half-written cache: rebuild it.
     shutil.rmtree(dest, ignore_errors=True)
-    tmp = dest.with_name(dest.name + f".partial-{os.getpid()}")
+    remove_stale_partials(dest)
+    tmp = partial_path(dest)
     shutil.rmtree(tmp, ignore_errors=True)
     progress(f"Converting {gguf.name} (first use only)", 0.35)
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,34 @@ class CorruptStateError(Exception):
             n += 1
         os.replace(self.path, dest)
         return dest
+
+
+def partial_path(final: Path) -> Path:
+    """Where a large file or folder is built before it is renamed to `final`."""
+    return final.with_name(f"{final.name}.partial-{os.getpid()}")
+
+
+def remove_stale_partials(final: Path) -> None:
+    """Delete what builds of `final` killed half-way left behind (their process is
+    gone): a killed model conversion would otherwise keep gigabytes on disk."""
+    for leftover in final.parent.glob(f"{final.name}.partial-*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue  # another process is building it right now
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:

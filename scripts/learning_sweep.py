@@ -13,7 +13,9 @@ machine does not change the figures. The served replies are cached in --cache.
 
 --oracle trains on the dev replies themselves: a drafter that has seen the
 answers, the ceiling for any learning (docs/learning.md); --state-dir keeps
-its adapter for `omnidraft-bench --state-dir`.
+its adapter for `omnidraft-bench --state-dir`. --replies takes the dev replies
+from an omnidraft-bench report (its `target` outputs: the same greedy replies)
+instead of decoding them again.
 """
 
 from __future__ import annotations
@@ -27,28 +29,31 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from omnidraft.core.bench import bench_home, read_prompts
+from omnidraft.core.engine import Engine
+from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.learner import Learner
+from omnidraft.core.replay_buffer import ReplayBuffer, Sample
+from omnidraft.core.sampling import GenerationConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from core.bench import bench_home, read_prompts  # noqa: E402
-from core.engine import Engine  # noqa: E402
-from core.learner import Learner  # noqa: E402
-from core.replay_buffer import ReplayBuffer, Sample  # noqa: E402
-from core.sampling import GenerationConfig  # noqa: E402
-from core.events import TurnFinished  # noqa: E402
 
 
-def serve(engine: Engine, prompts: list[dict], max_new: int, cache: Path) -> list[Sample]:
+def serve(
+    engine: Engine, prompts: list[dict], max_new: int, cache: Path, replies: list[list[int]] | None = None
+) -> list[Sample]:
     """Greedy target replies as replay samples, as the engine records them."""
     if cache.exists():
         return [Sample(**raw) for raw in json.loads(cache.read_text())]
     samples = []
     for n, row in enumerate(prompts):
         done = None
-        for event in engine.complete(row["prompt"], GenerationConfig(max_new_tokens=max_new)):
-            if isinstance(event, TurnFinished):
-                done = event
+        if replies is not None:  # decoded already (an omnidraft-bench report)
+            done = TurnFinished("", "length", TurnStats(method="target"), list(replies[n]))
+        else:
+            for event in engine.complete(row["prompt"], GenerationConfig(max_new_tokens=max_new)):
+                if isinstance(event, TurnFinished):
+                    done = event
         ids = engine.target.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
         prefix = engine.drafter.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
         samples.append(replace(engine.sample_of(ids, prefix, done), seq=n))
@@ -86,6 +91,8 @@ def main() -> int:
                     help="keep the last learning rate's adapter here (omnidraft-bench --state-dir runs with it)")
     ap.add_argument("--oracle", action="store_true",
                     help="train on the dev replies themselves: a ceiling on what learning can reach")
+    ap.add_argument("--replies", type=Path,
+                    help="an omnidraft-bench --json report on the dev prompts: its target replies")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with bench_home(args.state_dir):  # adapters and buffers of the sweep only; the model cache shared
@@ -93,12 +100,19 @@ def main() -> int:
         engine = Engine()
         engine.load_target(args.target, measure_baseline=False)
         tag = f"{args.target}-{args.max_new_tokens}"
-        train = serve(engine, read_prompts(args.train, None), args.max_new_tokens,
-                      args.cache / f"train-{tag}.json")
+        replies = None
+        if args.replies:
+            report = json.loads(args.replies.read_text())
+            if report.get("chat") or report["max_new_tokens"] != args.max_new_tokens:
+                ap.error("--replies needs a raw-completion report with the same --max-new-tokens")
+            replies = report["outputs"]["target"]
         dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
-                    args.cache / f"dev-{tag}.json")
+                    args.cache / f"dev-{tag}.json", replies)
         if args.oracle:  # the evaluation's own replies: no learning from other traffic does better
             train = dev
+        else:
+            train = serve(engine, read_prompts(args.train, None), args.max_new_tokens,
+                          args.cache / f"train-{tag}.json")
         results = []
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine.adapters.reset(args.target)

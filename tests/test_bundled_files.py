@@ -3,6 +3,7 @@ checked, and rebuilt or refused with a message that says what to install."""
 
 import hashlib
 import importlib
+import os
 import sys
 
 import pytest
@@ -105,3 +106,16 @@ def test_catalog_has_the_qwen_targets_and_starts_on_the_larger(home):
     from omnidraft.core.settings import Settings
 
     assert Settings().last_target == QWEN15_ID
+
+
+def test_an_assembly_killed_half_way_is_cleaned_up_and_redone(home, site):
+    for n, data in enumerate(PARTS, 1):
+        _install(site, n, data)
+    gguf = home / "cache" / "gguf"
+    gguf.mkdir(parents=True, exist_ok=True)
+    dead = gguf / "odtest.gguf.partial-999999999"  # no such process: a killed run's leftover
+    dead.write_bytes(PARTS[0][:50])
+    busy = gguf / f"odtest.gguf.partial-{os.getppid()}"  # a live process may be building it
+    busy.write_bytes(b"in progress")
+    assert _spec().path().read_bytes() == b"".join(PARTS)
+    assert not dead.exists() and busy.exists()
