@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyqtgraph as pg
 import pyqtgraph.exporters
+from omnidraft.core.events import TurnStats
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -178,7 +179,7 @@ class ChartsPanel(QWidget):
         if self._following:
             self.refresh()
 
-    def add_turn(self, stats: dict, model_id: str, baseline: float | None) -> None:
+    def add_turn(self, stats: TurnStats, model_id: str, baseline: float | None) -> None:
         self.history.add_turn(stats, model_id, baseline)
         self._changed()
 

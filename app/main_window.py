@@ -10,7 +10,6 @@ switching chats mid-reply or the worker dying never loses text.
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -107,11 +106,14 @@ class MainWindow(QMainWindow):
         self.current_target: str | None = None  # id of the model that is loaded
         self.current_conv: str | None = None
         self.active: ActiveReply | None = None
-        self.pending_ops: list[tuple[str, str]] = []  # ("switch"|"add", arg), in send order
+        # Requests still unanswered, by request id: what each load or add asked for.
+        # Answers are matched by id, so an error tied to no request (or to another
+        # one) is never taken for a load's failure.
+        self.loads: dict[int, str] = {}  # SwitchTarget id -> the id or path asked for
+        self.adds: dict[int, str] = {}  # AddModel id -> the path
         self.learning_state = "paused" if self.settings.learning_paused else "idle"
         self.engine_state = "starting"
         self._learning_detail: LearningProgress | None = None
-        self._request_ids = itertools.count(1)
         self._closed = False
 
         self.stall = StallMonitor(self)
@@ -322,12 +324,12 @@ class MainWindow(QMainWindow):
         self.engine_state = "ready"
         self.stall.leave("engine start")
         self.targets_menu.set_catalog(event.catalog)
-        self.pending_ops.clear()  # a fresh worker knows nothing of earlier requests
-        self.bridge.send(UpdateSettings(self.settings.to_dict()))
+        self._forget_requests()  # a fresh worker knows nothing of earlier requests
+        self.bridge.send(UpdateSettings(self.bridge.next_id(), self.settings.to_dict()))
         self._request_switch(self.wanted_target)
 
     def _on_catalog(self, event: CatalogChanged) -> None:
-        self._pop_op("add")
+        self.adds.pop(event.request_id, None)
         self.targets_menu.set_catalog(event.catalog)
         self.targets_menu.set_current(self.current_target)
         if event.added_id:
@@ -343,11 +345,11 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Loading {self._name_of(event.model_id)}: {event.stage}")
 
     def _on_loaded(self, event: ModelLoaded) -> None:
-        asked = self._pop_op("switch") or event.model_id  # the id or path this load answers
+        asked = self.loads.pop(event.request_id, event.model_id)  # the id or path this load answers
         self.stall.leave("model loading")
         self.progress.hide()
         self.current_target = event.model_id
-        in_catalog = any(e["id"] == event.model_id for e in self.targets_menu.entries)
+        in_catalog = any(e.id == event.model_id for e in self.targets_menu.entries)
         opened_by_path = None if in_catalog or asked == event.model_id else asked
         self.targets_menu.set_current(event.model_id, event.name, opened_by_path)
         self.model_label.setText(event.name)
@@ -362,7 +364,7 @@ class MainWindow(QMainWindow):
         # Remember what to open next time (and after a worker restart): the catalog id,
         # or the path a model was opened by, which is all the worker knows it by. A
         # switch still queued behind this one decides instead.
-        if not any(kind == "switch" for kind, _ in self.pending_ops):
+        if not self.loads:
             self.wanted_target = self.targets_menu.request_key(event.model_id)
             self.apply_settings({"last_target": self.wanted_target}, tell_worker=False)
 
@@ -382,15 +384,16 @@ class MainWindow(QMainWindow):
         reply = self.active
         if reply is None or event.request_id != reply.request_id:
             return
-        if event.stats and event.stats.get("new_tokens", 0) > 0 and event.reason != "error":
+        # The conversation keeps the stats in their saved (dict) form.
+        stats = event.stats.as_dict() if event.stats is not None else None
+        if event.stats is not None and event.stats.new_tokens > 0 and event.reason != "error":
             self.charts.add_turn(event.stats, event.model_id, event.baseline_tokens_per_s)
             self.statusBar().showMessage(
-                describe_stats(event.stats, event.baseline_tokens_per_s), STATUS_MS * 2
+                describe_stats(stats, event.baseline_tokens_per_s), STATUS_MS * 2
             )
         note = reply.error if event.reason == "error" else NOTES.get(event.reason)
         self._finish_reply(
-            event.text or reply.text, note, event.stats or None, event.model_id,
-            event.baseline_tokens_per_s,
+            event.text or reply.text, note, stats, event.model_id, event.baseline_tokens_per_s
         )
 
     def _on_learning(self, event: LearningProgress) -> None:
@@ -409,11 +412,11 @@ class MainWindow(QMainWindow):
     def _on_error(self, event: ErrorEvent) -> None:
         if event.detail:
             log.warning("engine error: %s\n%s", event.message, event.detail)
-        if self.active is not None and event.request_id == self.active.request_id:
+        request_id = event.request_id
+        if self.active is not None and request_id == self.active.request_id:
             self.active.error = event.message  # TurnDone follows and shows it on the reply
-            return
-        op = self.pending_ops.pop(0) if self.pending_ops else None
-        if op and op[0] == "switch":
+        elif request_id in self.loads:
+            del self.loads[request_id]
             self.progress.hide()
             self.stall.leave("model loading")
             if self.current_target is not None:  # keep (and after a restart reload) the old one
@@ -422,7 +425,8 @@ class MainWindow(QMainWindow):
             if self.current_target is None:
                 self.banner.show_message("engine", f"No model is loaded: {event.message}")
             self._warn("Could not load the model", event)
-        elif op and op[0] == "add":
+        elif request_id in self.adds:
+            del self.adds[request_id]
             self._warn("Could not add the model", event)
         else:
             self.banner.show_message("error", event.message)
@@ -445,7 +449,7 @@ class MainWindow(QMainWindow):
 
     def _on_worker_died(self, message: str) -> None:
         self.engine_state = "restarting"
-        self.pending_ops.clear()
+        self._forget_requests()
         self.progress.setRange(0, 0)
         self.progress.show()
         if self.active is not None:
@@ -491,7 +495,7 @@ class MainWindow(QMainWindow):
         self.store.get(conv_id).messages[-1]["author"] = author
         s = self.settings
         request = ChatRequest(
-            request_id=next(self._request_ids),
+            request_id=self.bridge.next_id(),
             messages=history,
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
@@ -610,25 +614,23 @@ class MainWindow(QMainWindow):
         self._request_switch(model_id)
 
     def _request_switch(self, id_or_path: str) -> None:
-        if self.bridge.send(SwitchTarget(id_or_path)):
-            self.pending_ops.append(("switch", id_or_path))
+        request = SwitchTarget(self.bridge.next_id(), id_or_path)
+        if self.bridge.send(request):
+            self.loads[request.request_id] = id_or_path
             self.stall.enter("model loading")
             self.progress.setRange(0, 0)
             self.progress.show()
             self.statusBar().showMessage(f"Loading {self._name_of(id_or_path)}…")
 
     def add_model(self, path: str) -> None:
-        if self.bridge.send(AddModel(path)):
-            self.pending_ops.append(("add", path))
+        request = AddModel(self.bridge.next_id(), path)
+        if self.bridge.send(request):
+            self.adds[request.request_id] = path
             self.statusBar().showMessage(f"Checking {path}…")
 
-    def _pop_op(self, kind: str) -> str | None:
-        """Forget the oldest pending request of `kind`; returns its argument."""
-        for i, (k, arg) in enumerate(self.pending_ops):
-            if k == kind:
-                del self.pending_ops[i]
-                return arg
-        return None
+    def _forget_requests(self) -> None:
+        self.loads.clear()
+        self.adds.clear()
 
     def _name_of(self, model_id: str | None) -> str:
         if not model_id:
@@ -638,13 +640,13 @@ class MainWindow(QMainWindow):
     # ================================================================ learning
 
     def set_learning_paused(self, paused: bool) -> None:
-        self.bridge.send(PauseLearning(paused))
+        self.bridge.send(PauseLearning(self.bridge.next_id(), paused))
         self.apply_settings({"learning_paused": paused}, tell_worker=False)
         self.learning_state = "paused" if paused else "idle"
         self._refresh_learning_label()
 
     def learn_now(self) -> None:
-        if self.bridge.send(LearnNow()):
+        if self.bridge.send(LearnNow(self.bridge.next_id())):
             self.statusBar().showMessage("Learning from recent chats now…", STATUS_MS)
 
     def reset_personalization(self) -> None:
@@ -660,7 +662,7 @@ class MainWindow(QMainWindow):
             QMessageBox.StandardButton.Cancel,
         )
         if answer == QMessageBox.StandardButton.Yes:
-            self.bridge.send(ResetPersonalization(self.current_target))
+            self.bridge.send(ResetPersonalization(self.bridge.next_id(), self.current_target))
 
     def _refresh_learning_label(self) -> None:
         state = self.learning_state
@@ -685,7 +687,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(problem, STATUS_MS)
         save_settings(self.settings)
         if tell_worker:
-            self.bridge.send(UpdateSettings(self.settings.to_dict()))
+            self.bridge.send(UpdateSettings(self.bridge.next_id(), self.settings.to_dict()))
         self.chat.set_highlight(self.settings.highlight_drafts)
         self.highlight_action.blockSignals(True)
         self.highlight_action.setChecked(self.settings.highlight_drafts)
@@ -726,7 +728,7 @@ class MainWindow(QMainWindow):
         self.bridge.start()
 
     def _is_bundled(self, model_id: str) -> bool:
-        return any(e["id"] == model_id and e.get("bundled") for e in self.targets_menu.entries)
+        return any(e.id == model_id and e.bundled for e in self.targets_menu.entries)
 
     # ================================================================ help
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from omnidraft.core import paths
+from omnidraft.core.events import TurnStats
 from omnidraft.core.persistence import CorruptStateError, atomic_write_json, read_json
 
 FILE_NAME = "metrics_history.json"
@@ -74,19 +75,19 @@ class MetricsHistory:
 
     # ------------------------------------------------------------ recording
 
-    def add_turn(self, stats: dict, model_id: str, baseline_tokens_per_s: float | None) -> ReplyMetric:
-        tps = stats.get("tokens_per_s")
+    def add_turn(self, stats: TurnStats, model_id: str, baseline_tokens_per_s: float | None) -> ReplyMetric:
+        tps = stats.tokens_per_s
         metric = ReplyMetric(
             time=time.time(),
             model_id=model_id,
-            method=str(stats.get("method", "")),
-            new_tokens=int(stats.get("new_tokens", 0)),
-            seconds=float(stats.get("seconds", 0.0)),
-            tokens_per_s=float(tps or 0.0),
-            acceptance_rate=stats.get("acceptance_rate"),
-            tokens_per_step=stats.get("tokens_per_step"),
-            proposed=int(stats.get("proposed", 0)),
-            accepted=int(stats.get("accepted", 0)),
+            method=stats.method,
+            new_tokens=stats.new_tokens,
+            seconds=stats.seconds,
+            tokens_per_s=tps,
+            acceptance_rate=stats.acceptance_rate,
+            tokens_per_step=stats.tokens_per_step,
+            proposed=stats.proposed,
+            accepted=stats.accepted,
             baseline_tokens_per_s=baseline_tokens_per_s,
             speedup=_speedup(tps, baseline_tokens_per_s),
         )

@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
+from omnidraft.core.catalog import ModelEntry
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
 
 
-def entry_label(entry: dict) -> str:
+def entry_label(entry: ModelEntry) -> str:
     """'Name  (1.1 GB, what it is)': size and a few words, so a user can choose."""
-    about = [f"{entry['size_bytes'] / 1e9:.1f} GB"] if entry.get("size_bytes") else []
-    if entry.get("description"):
-        about.append(entry["description"])
-    elif not entry.get("bundled"):
+    about = [f"{entry.size_bytes / 1e9:.1f} GB"] if entry.size_bytes else []
+    if entry.description:
+        about.append(entry.description)
+    elif not entry.bundled:
         about.append("local")
-    return entry["name"] + (f"  ({', '.join(about)})" if about else "")
+    return entry.name + (f"  ({', '.join(about)})" if about else "")
 
 
 class TargetsMenu(QMenu):
@@ -24,27 +25,27 @@ class TargetsMenu(QMenu):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("&Targets", parent)
-        self.entries: list[dict] = []
+        self.entries: list[ModelEntry] = []
         # Models opened by path (--target, a restored last target) are not catalog
         # entries: the worker knows them only by path, so they are kept apart and
         # switched to by path.
-        self.opened: list[dict] = []
+        self.opened: list[ModelEntry] = []
         self.current: str | None = None
         self._group = QActionGroup(self)
         self._group.setExclusive(True)
         self.rebuild()
 
-    def set_catalog(self, entries: list[dict]) -> None:
-        ids = {e["id"] for e in entries}
-        self.opened = [e for e in self.opened if e["id"] not in ids]
+    def set_catalog(self, entries: list[ModelEntry]) -> None:
+        ids = {e.id for e in entries}
+        self.opened = [e for e in self.opened if e.id not in ids]
         self.entries = list(entries) + self.opened
         self.rebuild()
 
     def set_current(self, model_id: str | None, name: str | None = None, path: str | None = None) -> None:
         """Check `model_id`; a model opened by `path` (not in the catalog) is listed too."""
         self.current = model_id
-        if model_id and name and path and all(e["id"] != model_id for e in self.entries):
-            entry = {"id": model_id, "name": name, "path": path, "bundled": False, "opened": True}
+        if model_id and name and path and all(e.id != model_id for e in self.entries):
+            entry = ModelEntry(model_id, name, path)
             self.opened.append(entry)
             self.entries.append(entry)
         self.rebuild()
@@ -52,20 +53,20 @@ class TargetsMenu(QMenu):
     def request_key(self, model_id: str) -> str:
         """What to send in SwitchTarget for `model_id`: its id, or its path if opened by path."""
         for entry in self.opened:
-            if entry["id"] == model_id:
-                return entry["path"]
+            if entry.id == model_id:
+                return entry.path
         return model_id
 
     def name_of(self, model_id: str) -> str:
         for entry in self.entries:
-            if entry["id"] == model_id:
-                return entry["name"]
+            if entry.id == model_id:
+                return entry.name
         return model_id
 
     def path_of(self, model_id: str) -> str | None:
         for entry in self.entries:
-            if entry["id"] == model_id:
-                return entry.get("path") or None
+            if entry.id == model_id:
+                return entry.path or None
         return None
 
     def rebuild(self) -> None:
@@ -77,10 +78,10 @@ class TargetsMenu(QMenu):
             waiting.setEnabled(False)
         for entry in self.entries:
             action = QAction(entry_label(entry), self, checkable=True)
-            action.setData(entry["id"])
-            action.setToolTip(entry.get("path") or entry["id"])
-            action.setChecked(entry["id"] == self.current)
-            action.triggered.connect(lambda _checked=False, i=entry["id"]: self._picked(i))
+            action.setData(entry.id)
+            action.setToolTip(entry.path or entry.id)
+            action.setChecked(entry.id == self.current)
+            action.triggered.connect(lambda _checked=False, i=entry.id: self._picked(i))
             self._group.addAction(action)
             self.addAction(action)
         self.addSeparator()

@@ -67,6 +67,10 @@ class WorkerBridge(QObject):
         self.start()
         self.restarted.emit()
 
+    def next_id(self) -> int:
+        """The id for the next request: the handle's, so ids stay unique across restarts."""
+        return self.handle.next_id()
+
     def send(self, request: Request) -> bool:
         """Queue a request; False when there is no running worker to take it."""
         if not self.handle.is_alive():

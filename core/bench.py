@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import inspect
 import json
 import os
 import platform
@@ -42,6 +41,7 @@ from . import paths
 from .catalog import SMOLLM2_ID, ModelCatalog, ModelError
 from .chat_format import encode_chat, stop_token_ids
 from .engine import Engine, InputError
+from .engine_api import EngineAPI
 from .events import TurnFinished, TurnStats
 from .loader import LoadedModel, load
 from .sampling import GenerationConfig
@@ -52,7 +52,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # warm-up must not hand it a benchmark prompt's continuation in advance.
 WARMUP_PROMPT = "The quick brown fox"
 WARMUP_TOKENS = 4
-NOT_AVAILABLE = "speculative decoding not available in this build"
 
 
 class BenchError(Exception):
@@ -169,10 +168,6 @@ def read_prompts(path: Path, limit: int | None) -> list[dict]:
     return rows
 
 
-def speculative_available(engine: Engine) -> bool:
-    return "speculative" in inspect.signature(engine.complete).parameters
-
-
 # --------------------------------------------------------------------------- environment
 
 
@@ -247,14 +242,12 @@ def trim(ids: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
     return ids[:max_new_tokens]
 
 
-def engine_runner(engine: Engine, speculative: bool, chat: bool = False) -> Runner:
+def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> Runner:
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
         if chat:
             events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
         else:
-            # speculative= is passed only when asked: older engines do not take it.
-            kwargs = {"speculative": True} if speculative else {}
-            events = engine.complete(prompt, cfg, **kwargs)
+            events = engine.complete(prompt, cfg, speculative=speculative)
         done = [e for e in events if isinstance(e, TurnFinished)]
         if not done:
             raise RuntimeError("the engine finished without a TurnFinished event")
@@ -262,7 +255,7 @@ def engine_runner(engine: Engine, speculative: bool, chat: bool = False) -> Runn
         if speculative and stats.method != "omnidraft":
             # The engine falls back to plain decoding when its drafter is off; timing
             # that as "omnidraft" would be a false figure.
-            why = "; ".join(getattr(engine, "warnings", [])) or "no drafter loaded"
+            why = "; ".join(engine.warnings) or "no drafter loaded"
             raise BenchError(f"method 'omnidraft': the engine decoded plainly ({why})")
         return list(done[-1].token_ids), stats
 
@@ -312,32 +305,29 @@ def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None, chat: b
 
 
 def uag_drafter(
-    engine: Engine, dtype: torch.dtype, catalog: ModelCatalog, drafter_id: str | None = None
+    engine: EngineAPI, dtype: torch.dtype, catalog: ModelCatalog, drafter_id: str | None = None
 ) -> LoadedModel:
     """The engine's drafter when it has one, else the bundled SmolLM2; always a private copy.
 
     transformers prunes the assistant's LM head in place when sampling and keeps
     its draft-length heuristic on the assistant between calls: the engine's own
-    drafter must not be touched by that.
+    drafter must not be touched by that. (engine.drafter is the transformers model
+    as loaded; the engine drafts with its own lean copy of the weights.)
     """
-    own = getattr(engine, "drafter", None)
+    own = engine.drafter
     if own is None:
         return load(catalog.get(drafter_id or SMOLLM2_ID), dtype)
-    if not hasattr(own.model, "generate"):  # a lean drafter module: use its transformers form
-        return load(own.entry, dtype)
     return LoadedModel(own.entry, copy.deepcopy(own.model), own.tokenizer, 0.0)
 
 
-def shares_embeddings(engine: Engine) -> bool:
+def shares_embeddings(engine: EngineAPI) -> bool:
     """True when the engine's drafter calls the target's embedding module (self-drafting).
 
     Then the forward counter would count drafter calls as target forwards.
     """
-    own = getattr(engine, "drafter", None)
-    model = getattr(own, "model", None)
-    if model is None or not hasattr(model, "get_input_embeddings"):
+    if engine.drafter is None:
         return False
-    return model.get_input_embeddings() is engine.target.model.get_input_embeddings()
+    return engine.drafter.model.get_input_embeddings() is engine.target.model.get_input_embeddings()
 
 
 # --------------------------------------------------------------------------- running
@@ -495,7 +485,7 @@ def machine_info(load_before: float | None) -> dict:
 
 def build_report(
     args: argparse.Namespace,
-    engine: Engine,
+    engine: EngineAPI,
     drafter: str | None,
     methods: list[Method],
     prompts: list[dict],
@@ -522,7 +512,7 @@ def build_report(
         "target_id": engine.target.entry.id,
         "drafter": drafter,
         "drafter_runtime": (
-            getattr(engine, "drafter_description", None) if "omnidraft" in by_name else None
+            engine.drafter_description if "omnidraft" in by_name else None
         ),
         "dtype": args.dtype,
         "prompts": len(prompts),
@@ -605,7 +595,7 @@ def format_table(report: dict) -> str:
 
 
 def build_methods(
-    args: argparse.Namespace, engine: Engine, catalog: ModelCatalog
+    args: argparse.Namespace, engine: EngineAPI, catalog: ModelCatalog
 ) -> tuple[list[Method], str | None]:
     """Runners in the order asked, warmed up; uag last so a lazily loaded drafter exists."""
     made: dict[str, Method] = {}
@@ -620,7 +610,7 @@ def build_methods(
     if "omnidraft" in made:
         made["omnidraft"].forwards_reliable = not shares_embeddings(engine)
     # The drafter is named only when a method used it (the engine may load one anyway).
-    drafter = getattr(getattr(engine, "drafter", None), "entry", None)
+    drafter = engine.drafter.entry if engine.drafter is not None else None
     name = drafter.name if drafter and "omnidraft" in made else None
     if "uag" in args.methods:
         assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
@@ -630,18 +620,9 @@ def build_methods(
     return [made[m] for m in args.methods], name
 
 
-def make_engine(args: argparse.Namespace, catalog: ModelCatalog) -> Engine:
-    if args.drafter and "drafter_id" not in inspect.signature(Engine).parameters:
-        raise BenchError(f"--drafter: {NOT_AVAILABLE}")
-    extra = {"drafter_id": args.drafter} if args.drafter else {}
-    return Engine(catalog, DTYPES[args.dtype], **extra)
-
-
 def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
     prompts = read_prompts(args.prompts, args.limit)
-    engine = make_engine(args, catalog)
-    if "omnidraft" in args.methods and not speculative_available(engine):
-        raise BenchError(f"method 'omnidraft': {NOT_AVAILABLE}")
+    engine = Engine(catalog, DTYPES[args.dtype], drafter_id=args.drafter)
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     engine.load_target(args.target)
     methods, drafter = build_methods(args, engine, catalog)
@@ -676,8 +657,6 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
     turn is recorded, and the learner runs its pass over the buffer in the gap
     before the next prompt once a batch has gathered (the paper's schedule: every
     I prompts one pass over the buffer, then clear it)."""
-    if not hasattr(engine, "idle_step"):
-        raise BenchError("--adapt: this build has no online learner")
     batch = engine.learn_settings.batch_size
     serve_s = learn_s = 0.0
     steps_before = None

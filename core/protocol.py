@@ -1,13 +1,22 @@
 """Typed messages between the GUI process and the engine worker process.
 
 Requests flow GUI -> worker, events worker -> GUI. All are plain dataclasses
-(picklable across the multiprocessing "spawn" boundary) so both sides can
-match on type and a type checker sees every field.
+(picklable across the multiprocessing "spawn" boundary, the catalog's ModelEntry
+and the engine's TurnStats included) so both sides can match on type and a type
+checker sees every field.
+
+Every request carries a request_id chosen by its sender (WorkerHandle.next_id:
+increasing, never reused while the GUI runs); every event that answers a request
+echoes it, and events tied to no request (e.g. a learning step that failed) carry
+None. The GUI matches answers by id, never by arrival order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .catalog import ModelEntry
+from .events import TurnStats
 
 # ----------------------------------------------------------------- requests
 
@@ -25,42 +34,48 @@ class ChatRequest:
 
 @dataclass
 class CancelRequest:
+    # The id of the ChatRequest to stop; its TurnDone (reason "cancelled") answers.
     request_id: int
 
 
 @dataclass
 class SwitchTarget:
+    request_id: int
     model_id: str  # catalog id or a path
 
 
 @dataclass
 class AddModel:
+    request_id: int
     path: str
 
 
 @dataclass
 class LearnNow:
-    pass
+    request_id: int
 
 
 @dataclass
 class PauseLearning:
+    request_id: int
     paused: bool
 
 
 @dataclass
 class ResetPersonalization:
+    request_id: int
     model_id: str
 
 
 @dataclass
 class UpdateSettings:
+    request_id: int
     settings: dict  # keys of core.settings.Settings
 
 
 @dataclass
 class Shutdown:
-    pass
+    request_id: int
 
 
 Request = (
@@ -81,17 +96,19 @@ Request = (
 @dataclass
 class WorkerReady:
     pid: int
-    catalog: list[dict]  # ModelEntry as dicts
+    catalog: list[ModelEntry]
 
 
 @dataclass
 class CatalogChanged:
-    catalog: list[dict]
+    request_id: int  # the AddModel that changed it
+    catalog: list[ModelEntry]
     added_id: str | None = None
 
 
 @dataclass
 class ModelLoading:
+    request_id: int  # the SwitchTarget being served
     model_id: str
     stage: str
     fraction: float
@@ -99,6 +116,7 @@ class ModelLoading:
 
 @dataclass
 class ModelLoaded:
+    request_id: int  # the SwitchTarget it answers
     model_id: str
     name: str
     load_seconds: float
@@ -118,7 +136,7 @@ class TurnDone:
     request_id: int
     text: str
     reason: str  # "eos", "stop", "length", "cancelled", "error"
-    stats: dict  # TurnStats.as_dict()
+    stats: TurnStats | None  # None when nothing was decoded (failed, or cancelled while queued)
     model_id: str
     baseline_tokens_per_s: float | None  # the target's plain speed measured here
     omitted_messages: int = 0  # oldest messages left out to fit the context (TurnFinished)
@@ -133,12 +151,14 @@ class LearningProgress:
     loss: float | None = None
     acceptance: float | None = None
     buffered: int = 0
+    # The PauseLearning/LearnNow it answers; None for the idle steps' own reports.
+    request_id: int | None = None
 
 
 @dataclass
 class ErrorEvent:
+    request_id: int | None  # the failed request; None when tied to none
     message: str  # shown to the user as is
-    request_id: int | None = None
     detail: str = ""  # traceback or technical detail, for a "details" expander / log
 
 
@@ -146,6 +166,7 @@ class ErrorEvent:
 class Notice:
     """Something the user should know that is not an error (e.g. key-file fallback)."""
 
+    request_id: int | None  # the request it answers, if any
     message: str
     extra: dict = field(default_factory=dict)
 

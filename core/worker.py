@@ -10,8 +10,11 @@ queue and writes typed events to another:
 * CancelRequest stops the running reply between decoding steps; the cancel check
   drains the request queue without blocking and keeps everything else queued in order.
 * After `idle_delay_s` without a request, learning runs one short step at a time
-  (engine.idle_step()), checking the queue between steps so a new request starts
-  within one step.
+  (engine.idle_step(should_stop)), which gives way at its next layer boundary once
+  a request waits, so a new request starts within a fraction of a second.
+* Every event that answers a request carries that request's id (core.protocol).
+
+The engine is used through core.engine_api.EngineAPI, called directly, never probed.
 
 This module is imported by the GUI process too (WorkerHandle): torch and the engine
 are imported only inside the worker, never at module level.
@@ -20,17 +23,17 @@ are imported only inside the worker, never at module level.
 from __future__ import annotations
 
 import gc
-import inspect
+import itertools
 import multiprocessing as mp
 import os
 import queue
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
+from .engine_api import EngineAPI
 from .paths import HOME_ENV
 from .protocol import (
     AddModel,
@@ -55,6 +58,11 @@ from .protocol import (
     WorkerReady,
 )
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .catalog import ModelEntry
+    from .events import TokenChunk, TurnFinished
+    from .sampling import GenerationConfig
 
 BATCH_INTERVAL_S = 0.03
 # How often the loop wakes while waiting, to notice that the idle delay has passed.
@@ -108,8 +116,8 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
-def _catalog(engine: Any) -> list[dict]:
-    return [asdict(e) for e in engine.catalog.entries()]
+def _catalog(engine: EngineAPI) -> list[ModelEntry]:
+    return engine.catalog.entries()
 
 
 class WorkerLoop:
@@ -120,7 +128,7 @@ class WorkerLoop:
         self,
         requests: Any,
         events: Any,
-        engine: Any,
+        engine: EngineAPI,
         settings: Settings | None = None,
         parent_alive: Callable[[], bool] = lambda: True,
     ):
@@ -142,9 +150,9 @@ class WorkerLoop:
 
     def run(self) -> None:
         self.emit(WorkerReady(os.getpid(), _catalog(self.engine)))
-        warning = getattr(self.engine.catalog, "load_warning", None)
+        warning = self.engine.catalog.load_warning
         if warning:
-            self.emit(Notice(warning))
+            self.emit(Notice(None, warning))
         while True:
             request = self._next_request()
             if request is None:
@@ -181,11 +189,7 @@ class WorkerLoop:
         return min(_WAKE_S, max(0.01, left))
 
     def _can_learn(self) -> bool:
-        return (
-            hasattr(self.engine, "idle_step")
-            and not self.settings.learning_paused
-            and (self.learning_has_work or self.learn_now)
-        )
+        return not self.settings.learning_paused and (self.learning_has_work or self.learn_now)
 
     def _request_waiting(self) -> bool:
         return bool(self.pending) or not self.requests.empty()
@@ -200,32 +204,28 @@ class WorkerLoop:
         """One short unit of learning; the loop checks the queue again right after."""
         try:
             # A request waiting in the queue stops training at the next layer boundary.
-            if "should_stop" in inspect.signature(self.engine.idle_step).parameters:
-                progress = self.engine.idle_step(should_stop=self._request_waiting)
-            else:
-                progress = self.engine.idle_step()
+            progress = self.engine.idle_step(should_stop=self._request_waiting)
         except Exception as exc:  # noqa: BLE001 - learning must never take the worker down
             self.learning_has_work = False  # don't repeat a failing step in a tight loop
             self.learn_now = False
-            self.emit(ErrorEvent(f"Learning stopped: {_short(exc)}", None, traceback.format_exc()))
+            self.emit(ErrorEvent(None, f"Learning stopped: {_short(exc)}", traceback.format_exc()))
             return
-        if isinstance(progress, LearningProgress):
+        if progress is not None:
             self.emit(progress)
-        if progress is None or getattr(progress, "state", "running") != "running":
+        if progress is None or progress.state != "running":
             self.learning_has_work = False
             self.learn_now = False
 
     # ------------------------------------------------------------------ requests
 
     def _handle_safely(self, request: Request) -> None:
-        request_id = getattr(request, "request_id", None)
         try:
             self._handle(request)
         except Exception as exc:  # noqa: BLE001 - the worker keeps serving whatever went wrong
             self.emit(
                 ErrorEvent(
+                    request.request_id,
                     f"Something went wrong in the engine ({_short(exc)}).",
-                    request_id,
                     traceback.format_exc(),
                 )
             )
@@ -242,41 +242,44 @@ class WorkerLoop:
         elif isinstance(request, LearnNow):
             self.learn_now = True
             if self.settings.learning_paused:
-                self.emit(LearningProgress(self._model_id() or "", "paused"))
+                self.emit(LearningProgress(self._model_id() or "", "paused", request_id=request.request_id))
         elif isinstance(request, PauseLearning):
-            self._apply_settings({"learning_paused": request.paused})
-            self.emit(LearningProgress(self._model_id() or "", "paused" if request.paused else "idle"))
+            self._apply_settings(request.request_id, {"learning_paused": request.paused})
+            state = "paused" if request.paused else "idle"
+            self.emit(LearningProgress(self._model_id() or "", state, request_id=request.request_id))
         elif isinstance(request, ResetPersonalization):
-            self._reset_personalization(request)
+            self.engine.reset_personalization(request.model_id)
+            self.emit(Notice(request.request_id, f"What was learned for {request.model_id} was reset."))
         elif isinstance(request, UpdateSettings):
-            self._apply_settings(request.settings)
+            self._apply_settings(request.request_id, request.settings)
         else:
             raise TypeError(f"unknown request {type(request).__name__}")
 
     def _model_id(self) -> str | None:
-        target = getattr(self.engine, "target", None)
+        target = self.engine.target
         return target.entry.id if target is not None else None
 
     def _switch_target(self, request: SwitchTarget) -> None:
         from .catalog import ModelError
 
         def progress(stage: str, fraction: float) -> None:
-            self.emit(ModelLoading(request.model_id, stage, fraction))
+            self.emit(ModelLoading(request.request_id, request.model_id, stage, fraction))
 
         gc.unfreeze()  # what the previous target left behind can be collected again
         try:
             entry = self.engine.load_target(request.model_id, progress)
         except ModelError as exc:  # the previous target stays loaded
-            self.emit(ErrorEvent(str(exc)))
+            self.emit(ErrorEvent(request.request_id, str(exc)))
             return
         finally:
             _freeze_long_lived()
         self.emit(
             ModelLoaded(
+                request.request_id,
                 entry.id,
                 entry.name,
                 self.engine.target.load_seconds,
-                getattr(self.engine, "drafter_description", None),
+                self.engine.drafter_description,
             )
         )
 
@@ -286,23 +289,15 @@ class WorkerLoop:
         try:
             entry = self.engine.catalog.add(request.path)
         except ModelError as exc:
-            self.emit(ErrorEvent(str(exc)))
+            self.emit(ErrorEvent(request.request_id, str(exc)))
             return
-        self.emit(CatalogChanged(_catalog(self.engine), entry.id))
+        self.emit(CatalogChanged(request.request_id, _catalog(self.engine), entry.id))
 
-    def _reset_personalization(self, request: ResetPersonalization) -> None:
-        if not hasattr(self.engine, "reset_personalization"):
-            self.emit(ErrorEvent("Resetting what was learned is not available in this version."))
-            return
-        self.engine.reset_personalization(request.model_id)
-        self.emit(Notice(f"What was learned for {request.model_id} was reset."))
-
-    def _apply_settings(self, changes: dict) -> None:
+    def _apply_settings(self, request_id: int, changes: dict) -> None:
         self.settings, problems = self.settings.updated(**changes)
-        if hasattr(self.engine, "apply_settings"):
-            self.engine.apply_settings(self.settings)
+        self.engine.apply_settings(self.settings)
         for problem in problems:
-            self.emit(Notice(problem))
+            self.emit(Notice(request_id, problem))
 
     # ------------------------------------------------------------------ chat
 
@@ -346,28 +341,26 @@ class WorkerLoop:
                 traceback.format_exc(),
             )
 
-    def _chat_stream(self, request: ChatRequest, cfg: Any, cancel: Callable[[], bool]):
-        # Engines that can decode speculatively take the per-request choice.
-        kwargs = {}
-        if "speculative" in inspect.signature(self.engine.chat).parameters:
-            kwargs["speculative"] = request.speculative
-        return self.engine.chat(request.messages, cfg, cancel, **kwargs)
+    def _chat_stream(
+        self, request: ChatRequest, cfg: GenerationConfig, cancel: Callable[[], bool]
+    ) -> Iterator[TokenChunk | TurnFinished]:
+        return self.engine.chat(request.messages, cfg, cancel, speculative=request.speculative)
 
-    def _turn_done(self, request_id: int, item: Any) -> TurnDone:
+    def _turn_done(self, request_id: int, item: TurnFinished) -> TurnDone:
         return TurnDone(
             request_id,
             item.text,
             item.reason,
-            item.stats.as_dict(),
+            item.stats,
             self._model_id() or "",
-            getattr(self.engine, "baseline_tokens_per_s", None),
+            self.engine.baseline_tokens_per_s,
             item.omitted_messages,
         )
 
     def _chat_failed(self, request_id: int, batcher: _Batcher, message: str, detail: str) -> None:
         batcher.flush()
-        self.emit(ErrorEvent(message, request_id, detail))
-        self.emit(TurnDone(request_id, batcher.text, "error", {}, self._model_id() or "", None))
+        self.emit(ErrorEvent(request_id, message, detail))
+        self.emit(TurnDone(request_id, batcher.text, "error", None, self._model_id() or "", None))
 
     def _drain(self, running_id: int) -> bool:
         """Move waiting requests into `pending`; True when the running reply must stop."""
@@ -393,7 +386,7 @@ class WorkerLoop:
             if isinstance(request, ChatRequest) and request.request_id == request_id:
                 self.pending.remove(request)
                 model_id = self._model_id() or ""
-                self.emit(TurnDone(request_id, "", "cancelled", {}, model_id, None))
+                self.emit(TurnDone(request_id, "", "cancelled", None, model_id, None))
 
 
 # ---------------------------------------------------------------------- process side
@@ -423,7 +416,7 @@ def worker_main(requests: Any, events: Any, home: str | None = None, threads: in
     try:
         engine = Engine()
     except Exception as exc:
-        events.put(ErrorEvent(f"The engine could not start ({_short(exc)}).", None, traceback.format_exc()))
+        events.put(ErrorEvent(None, f"The engine could not start ({_short(exc)}).", traceback.format_exc()))
         raise
     parent = mp.parent_process()
     WorkerLoop(requests, events, engine, parent_alive=lambda: parent is None or parent.is_alive()).run()
@@ -445,6 +438,9 @@ class WorkerHandle:
         self._requests: Any = None
         self._events: Any = None
         self._settings: UpdateSettings | None = None
+        # Request ids: increasing across restarts, so an answer from before a restart
+        # can never be taken for one to a later request.
+        self._ids = itertools.count(1)
 
     @property
     def pid(self) -> int | None:
@@ -453,6 +449,10 @@ class WorkerHandle:
     @property
     def exitcode(self) -> int | None:
         return self._proc.exitcode if self._proc is not None else None
+
+    def next_id(self) -> int:
+        """A fresh request id for the next request sent."""
+        return next(self._ids)
 
     def start(self) -> None:
         if self.is_alive():
@@ -508,7 +508,7 @@ class WorkerHandle:
             return
         if self._proc.is_alive():
             try:
-                self._requests.put(Shutdown())
+                self._requests.put(Shutdown(self.next_id()))
             except (OSError, ValueError):  # queue already closed
                 pass
             self._proc.join(timeout)

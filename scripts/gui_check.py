@@ -86,7 +86,8 @@ async def drive(window, args, shots: Path | None) -> dict:
         await until(lambda rid=request_id: any(isinstance(e, TurnDone) and e.request_id == rid
                                                for e in events), args.timeout)
         done = next(e for e in events if isinstance(e, TurnDone) and e.request_id == request_id)
-        turns.append({"reason": done.reason, **{k: done.stats.get(k) for k in (
+        stats = done.stats.as_dict() if done.stats is not None else {}
+        turns.append({"reason": done.reason, **{k: stats.get(k) for k in (
             "method", "new_tokens", "tokens_per_s", "acceptance_rate", "tokens_per_step")},
             "baseline_tokens_per_s": done.baseline_tokens_per_s})
     learning = None

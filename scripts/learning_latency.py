@@ -82,17 +82,15 @@ def main() -> None:
     handle = WorkerHandle(home=tempfile.mkdtemp(prefix="omnidraft-latency-"))
     handle.start()
     try:
-        handle.send(UpdateSettings({"idle_delay_s": 3600.0}))
-        handle.send(SwitchTarget(args.target))
+        handle.send(UpdateSettings(handle.next_id(), {"idle_delay_s": 3600.0}))
+        handle.send(SwitchTarget(handle.next_id(), args.target))
         wait_for(handle, ModelLoaded)
-        rid = 0
         for prompt in PROMPTS:  # fill the replay buffer (learner still waiting)
-            rid += 1
+            rid = handle.next_id()
             handle.send(ChatRequest(rid, [{"role": "user", "content": prompt}], max_new_tokens=48))
             wait_for(handle, TurnDone, request_id=rid)
-        idle = [first_text_latency(handle, rid + i + 1, "Say hello.")[0] for i in range(args.trials)]
-        rid += args.trials
-        handle.send(UpdateSettings({"idle_delay_s": 1.0}))
+        idle = [first_text_latency(handle, handle.next_id(), "Say hello.")[0] for _ in range(args.trials)]
+        handle.send(UpdateSettings(handle.next_id(), {"idle_delay_s": 1.0}))
         busy = []
         rng = random.Random(0)
         for _ in range(args.trials * 4):
@@ -101,8 +99,7 @@ def main() -> None:
             # The learner starts 1 s after the last request; a step over a batch takes
             # seconds, so this lands inside one.
             time.sleep(1.0 + rng.uniform(0.3, 3.0))
-            rid += 1
-            latency, interrupted = first_text_latency(handle, rid, "Say hello.")
+            latency, interrupted = first_text_latency(handle, handle.next_id(), "Say hello.")
             if interrupted:
                 busy.append(latency)
         print(f"first text, learner idle:              worst {max(idle) * 1000:.0f} ms, "

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from omnidraft.core import bench
+from omnidraft.core.decoding import Cancel, _never
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.sampling import GenerationConfig
@@ -97,23 +98,14 @@ def test_chat_prompts_go_through_the_chat_template(tiny_target, prompts_file, tm
     assert chat["methods"]["omnidraft"]["engine"]["prompt_tokens"] > raw["methods"]["omnidraft"]["engine"]["prompt_tokens"]
 
 
-def test_omnidraft_fails_clearly_without_speculative_decoding(
-    tiny_target, prompts_file, capsys, monkeypatch
-):
-    monkeypatch.setattr(bench, "speculative_available", lambda engine: False)
-    rc = _run(["--target", tiny_target, "--prompts", prompts_file, "--methods", "target,omnidraft"])
-    assert rc == 2
-    assert bench.NOT_AVAILABLE in capsys.readouterr().err
-
-
-def test_omnidraft_refuses_the_engines_plain_fallback():
-    class PlainOnly:  # an engine whose drafter failed to load decodes plainly
-        warnings = ("Drafting is off: no drafter",)
-
-        def complete(self, prompt, cfg, speculative=False):
+def test_omnidraft_refuses_the_engines_plain_fallback(home):
+    class PlainOnly(Engine):  # an engine whose drafter failed to load decodes plainly
+        def complete(self, prompt, cfg, cancel: Cancel = _never, speculative: bool = False):
             yield TurnFinished("x", "length", TurnStats(method="target", new_tokens=1), [5])
 
-    run = bench.engine_runner(PlainOnly(), speculative=True)
+    engine = PlainOnly()
+    engine.warnings.append("Drafting is off: no drafter")
+    run = bench.engine_runner(engine, speculative=True)
     with pytest.raises(bench.BenchError, match="decoded plainly.*no drafter"):
         run("hi", GenerationConfig(max_new_tokens=1))
 

@@ -10,6 +10,7 @@ Pure helpers (markdown splitting, draft tinting, metrics) are tested apart.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -19,13 +20,19 @@ from omnidraft.app.main_window import NOTES, MainWindow
 from omnidraft.app.markdown_blocks import align, split_segments, tint_ranges
 from omnidraft.app.message_widget import MessageWidget, mask_from_runs, runs_from_mask
 from omnidraft.app.metrics_history import MetricsHistory, rolling_mean
+from omnidraft.core.catalog import ModelEntry
 from omnidraft.core.conversations import ConversationStore
+from omnidraft.core.events import TurnStats
 from omnidraft.core.protocol import (
+    AddModel,
+    ErrorEvent,
     LearningProgress,
     ModelLoaded,
     ModelLoading,
+    SwitchTarget,
     TokenBatch,
     TurnDone,
+    WorkerReady,
 )
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
@@ -119,8 +126,8 @@ def test_chat_round_trip(window, qtbot):
     assert len(window.history.replies) == replies_before + 1
     recorded = window.history.replies[-1]
     assert recorded.model_id == done.model_id == window.current_target
-    assert recorded.new_tokens == done.stats["new_tokens"]
-    assert recorded.tokens_per_s == pytest.approx(done.stats["tokens_per_s"])
+    assert recorded.new_tokens == done.stats.new_tokens
+    assert recorded.tokens_per_s == pytest.approx(done.stats.tokens_per_s)
     if done.baseline_tokens_per_s is None:
         assert recorded.speedup is None  # never assumed
     assert "tok/s" in window.statusBar().currentMessage()
@@ -136,7 +143,7 @@ def test_stop_mid_reply_keeps_partial_text(window, qtbot):
     done = turn(qtbot, window, request_id)
 
     assert done.reason == "cancelled"
-    assert done.stats["new_tokens"] < LONG_REPLY
+    assert done.stats.new_tokens < LONG_REPLY
     reply = window.chat.messages[-1]
     assert reply.raw == done.text
     assert reply.note.text() == NOTES["cancelled"]
@@ -255,7 +262,7 @@ def test_worker_killed_is_restarted_and_nothing_is_lost(window, qtbot):
 
 def test_charts_receive_metrics_and_export(window, qtbot, tmp_path):
     idle(qtbot, window)
-    measured = [e for e in window.recorder.of(TurnDone) if e.stats and e.stats["new_tokens"] > 0]
+    measured = [e for e in window.recorder.of(TurnDone) if e.stats and e.stats.new_tokens > 0]
     assert len(window.history.replies) == len(measured)
     assert window.charts.tps_plot.listDataItems(), "tokens-per-step plot is empty"
 
@@ -404,8 +411,7 @@ def test_message_widget_tints_drafted_text(qtbot):
 def test_rolling_mean_and_speedup_only_when_measured(tmp_path):
     assert rolling_mean([1, 0, 1, 0], window=2) == [1, 0.5, 0.5, 0.5]
     history = MetricsHistory(tmp_path / "m.json")
-    stats = {"method": "omnidraft", "new_tokens": 10, "seconds": 1.0, "tokens_per_s": 10.0,
-             "acceptance_rate": 0.5, "tokens_per_step": 2.0, "proposed": 4, "accepted": 2}
+    stats = TurnStats(method="omnidraft", new_tokens=10, seconds=1.0, steps=5, proposed=4, accepted=2)
     assert history.add_turn(stats, "m", None).speedup is None
     assert history.add_turn(stats, "m", 5.0).speedup == pytest.approx(2.0)
     history.save()
@@ -427,12 +433,72 @@ class IdleWorker:
         return []
     def send(self, request) -> None: ...
     def stop(self, timeout: float = 5.0) -> None: ...
+    def next_id(self) -> int:
+        return 0
+
+
+class ScriptedWorker(IdleWorker):
+    """A live worker whose answers the test plays itself: records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+        self._ids = itertools.count(1)
+
+    def is_alive(self) -> bool:
+        return True
+
+    def send(self, request) -> None:
+        self.sent.append(request)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+
+def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot, monkeypatch):
+    """Two loads and an add, answered out of order with an error tied to no request
+    in between: each answer reaches the request it names, whatever the order."""
+    shown: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        QMessageBox, "warning", lambda parent, title, text, *a, **k: shown.append((title, text))
+    )
+    worker = ScriptedWorker()
+    win = MainWindow(target="model-a", handle=worker)
+    try:
+        catalog = [ModelEntry("model-a", "Model A", "/a"), ModelEntry("model-b", "Model B", "/b")]
+        win.on_event(WorkerReady(1, catalog))  # the window asks for its target
+        first = worker.sent[-1]
+        win.switch_target("model-b")
+        second = worker.sent[-1]
+        win.add_model("/junk")
+        add = worker.sent[-1]
+        assert isinstance(first, SwitchTarget) and first.model_id == "model-a"
+        assert isinstance(second, SwitchTarget) and second.model_id == "model-b"
+        assert isinstance(add, AddModel)
+        assert len({first.request_id, second.request_id, add.request_id}) == 3
+
+        win.on_event(ErrorEvent(None, "Learning stopped: adapter exploded"))
+        assert "Learning stopped" in win.banner.text()
+        assert set(win.loads) == {first.request_id, second.request_id}  # no load failed
+        win.on_event(ModelLoaded(second.request_id, "model-b", "Model B", 0.1, None))
+        assert win.current_target == "model-b" and win.targets_menu.checked_id() == "model-b"
+        win.on_event(ErrorEvent(add.request_id, "/junk is not a model"))
+        win.on_event(ErrorEvent(first.request_id, "model-a is broken"))
+        qtbot.waitUntil(lambda: len(shown) == 2)
+        assert shown == [
+            ("Could not add the model", "/junk is not a model"),
+            ("Could not load the model", "model-a is broken"),
+        ]
+        assert win.current_target == win.wanted_target == "model-b"  # the loaded one stays
+        assert win.targets_menu.checked_id() == "model-b" and win.progress.isHidden()
+        assert not win.loads and not win.adds
+    finally:
+        win.close()
+        dispose(qapp, win)
 
 
 def test_window_restores_saved_chart_history(home, qapp, qt_loop):
     saved = MetricsHistory()
-    stats = {"method": "omnidraft", "new_tokens": 8, "seconds": 2.0, "tokens_per_s": 4.0,
-             "acceptance_rate": 0.25, "tokens_per_step": 1.5, "proposed": 8, "accepted": 2}
+    stats = TurnStats(method="omnidraft", new_tokens=8, seconds=2.0, steps=5, proposed=8, accepted=2)
     saved.add_turn(stats, "some-target", 2.0)
     saved.save()
     win = MainWindow(handle=IdleWorker())
@@ -486,7 +552,7 @@ def test_clear_all_data_keeps_only_the_key(home, qapp, qt_loop):
     try:
         conv = win.store.new()
         win.store.append_message(conv.id, "user", "private words")
-        win.charts.add_turn({"new_tokens": 3, "tokens_per_s": 1.0}, "m", None)
+        win.charts.add_turn(TurnStats(method="target", new_tokens=3, seconds=3.0), "m", None)
         win.charts.save()
         (paths.data_dir() / "state").mkdir()
         (paths.data_dir() / "state" / "adapter.bin").write_bytes(b"learned")

@@ -48,11 +48,11 @@ def test_first_session_with_the_bundled_models(app_window, qtbot):
 
     done = turn(qtbot, win, send(qtbot, win, "Write a Python function that adds two numbers.", REPLY))
     assert done.reason in ("length", "eos") and done.text.strip()
-    assert done.stats["method"] == "omnidraft" and done.stats["proposed"] > 0
+    assert done.stats.method == "omnidraft" and done.stats.proposed > 0
     assert done.baseline_tokens_per_s and done.baseline_tokens_per_s > 0  # measured at load
     reply = win.history.replies[-1]
-    assert reply.acceptance_rate == pytest.approx(done.stats["acceptance_rate"])
-    assert reply.speedup == pytest.approx(done.stats["tokens_per_s"] / done.baseline_tokens_per_s)
+    assert reply.acceptance_rate == pytest.approx(done.stats.acceptance_rate)
+    assert reply.speedup == pytest.approx(done.stats.tokens_per_s / done.baseline_tokens_per_s)
     assert win.charts.acceptance_plot.listDataItems() and win.charts.speedup_plot.listDataItems()
     conv_id = win.current_conv
 

@@ -3,6 +3,7 @@ loop driven in-process for the paths a real engine cannot easily be made to take
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import queue
 import threading
@@ -11,7 +12,9 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+from omnidraft.core.decoding import Cancel, _never
 from omnidraft.core.engine import Engine
+from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.protocol import (
     AddModel,
     CancelRequest,
@@ -22,6 +25,7 @@ from omnidraft.core.protocol import (
     LearnNow,
     ModelLoaded,
     ModelLoading,
+    Notice,
     PauseLearning,
     Shutdown,
     SwitchTarget,
@@ -100,11 +104,13 @@ def worker(tmp_path_factory, tiny_model):
     events = Events(handle)
     ready = events.until(lambda e: isinstance(e, WorkerReady))[-1]
     assert ready.pid == handle.pid
-    assert {"smollm2-135m-instruct", "gemma-3-270m"} <= {e["id"] for e in ready.catalog}
-    handle.send(SwitchTarget(str(tiny_model)))
+    assert {"smollm2-135m-instruct", "gemma-3-270m"} <= {e.id for e in ready.catalog}
+    switch = SwitchTarget(handle.next_id(), str(tiny_model))
+    handle.send(switch)
     seen = events.until(lambda e: isinstance(e, (ModelLoaded, ErrorEvent)))
     assert isinstance(seen[-1], ModelLoaded), seen
-    assert any(isinstance(e, ModelLoading) for e in seen)
+    loading = [e for e in seen if isinstance(e, ModelLoading)]
+    assert loading and {e.request_id for e in [*loading, seen[-1]]} == {switch.request_id}
     yield handle, events, seen[-1]
     handle.stop()
     assert not handle.is_alive() and handle.exitcode == 0
@@ -120,8 +126,8 @@ def test_chat_round_trip_streams_batches_then_turn_done(worker):
     batches = [e for e in seen if isinstance(e, TokenBatch)]
     done = seen[-1]
     assert batches and seen.index(batches[-1]) < len(seen) - 1
-    assert done.reason == "length" and done.stats["new_tokens"] == 24
-    assert done.stats["tokens_per_s"] > 0
+    assert done.reason == "length" and done.stats.new_tokens == 24
+    assert done.stats.tokens_per_s > 0
     assert streamed_text(seen, 1) == done.text
     assert done.model_id == loaded.model_id and loaded.name == "tiny-smol"
     assert not any(isinstance(e, ErrorEvent) for e in seen)
@@ -141,20 +147,26 @@ def test_cancel_stops_the_reply_and_keeps_later_requests_in_order(worker):
     assert finished == [(11, "cancelled"), (10, "cancelled"), (12, "length")]
     assert time.monotonic() - start < 20, "cancel must not wait for 100k tokens"
     cancelled = next(e for e in seen if isinstance(e, TurnDone) and e.request_id == 10)
-    assert 0 < cancelled.stats["new_tokens"] < 100_000
+    assert 0 < cancelled.stats.new_tokens < 100_000
+    queued = next(e for e in seen if isinstance(e, TurnDone) and e.request_id == 11)
+    assert queued.stats is None  # cancelled before it started: nothing was measured
 
 
 def test_bad_model_path_is_reported_and_previous_target_stays(worker, tmp_path):
     handle, events, loaded = worker
-    handle.send(SwitchTarget(str(tmp_path / "no-such-model")))
+    switch = SwitchTarget(handle.next_id(), str(tmp_path / "no-such-model"))
+    handle.send(switch)
     error = events.until(lambda e: isinstance(e, (ErrorEvent, ModelLoaded)))[-1]
     assert isinstance(error, ErrorEvent) and "no-such-model" in error.message
+    assert error.request_id == switch.request_id
 
     notes = tmp_path / "notes.txt"
     notes.write_text("not a model")
-    handle.send(AddModel(str(notes)))
+    add = AddModel(handle.next_id(), str(notes))
+    handle.send(add)
     error = events.until(lambda e: isinstance(e, (ErrorEvent, CatalogChanged)))[-1]
     assert isinstance(error, ErrorEvent) and "is not a model" in error.message
+    assert error.request_id == add.request_id
 
     handle.send(ChatRequest(20, user("still there?"), max_new_tokens=3))
     done = events.done(20)[-1]
@@ -163,10 +175,12 @@ def test_bad_model_path_is_reported_and_previous_target_stays(worker, tmp_path):
 
 def test_add_model_updates_the_catalog(worker, tiny_model):
     handle, events, _ = worker
-    handle.send(AddModel(str(tiny_model)))
+    add = AddModel(handle.next_id(), str(tiny_model))
+    handle.send(add)
     changed = events.until(lambda e: isinstance(e, (ErrorEvent, CatalogChanged)))[-1]
     assert isinstance(changed, CatalogChanged), changed
-    assert changed.added_id in {e["id"] for e in changed.catalog}
+    assert changed.request_id == add.request_id
+    assert changed.added_id in {e.id for e in changed.catalog}
 
 
 def test_control_tokens_and_empty_messages_do_not_break_the_worker(worker):
@@ -208,7 +222,7 @@ def test_killed_worker_can_be_restarted(tmp_path, tiny_model):
     events = Events(handle)
     try:
         first = events.until(lambda e: isinstance(e, WorkerReady))[-1]
-        handle.send(UpdateSettings({"idle_delay_s": 30}))
+        handle.send(UpdateSettings(handle.next_id(), {"idle_delay_s": 30}))
         handle.kill()
         assert not handle.is_alive() and handle.exitcode != 0
 
@@ -217,12 +231,13 @@ def test_killed_worker_can_be_restarted(tmp_path, tiny_model):
         second = events.until(lambda e: isinstance(e, WorkerReady))[-1]
         assert second.pid == handle.pid != first.pid
 
-        handle.send(ChatRequest(1, user("hi"), max_new_tokens=2))
+        handle.send(ChatRequest(handle.next_id(), user("hi"), max_new_tokens=2))
         error = events.until(lambda e: isinstance(e, ErrorEvent))[-1]
         assert "No model is loaded" in error.message
-        handle.send(SwitchTarget(str(tiny_model)))
-        handle.send(ChatRequest(2, user("hi"), max_new_tokens=2))
-        assert events.done(2)[-1].reason == "length"
+        handle.send(SwitchTarget(handle.next_id(), str(tiny_model)))
+        chat = ChatRequest(handle.next_id(), user("hi"), max_new_tokens=2)
+        handle.send(chat)
+        assert events.done(chat.request_id)[-1].reason == "length"
     finally:
         handle.stop()
     assert not handle.is_alive()
@@ -234,7 +249,7 @@ def test_killed_worker_can_be_restarted(tmp_path, tiny_model):
 class LoopThread:
     """WorkerLoop on a thread with plain queues: the same code the process runs."""
 
-    def __init__(self, engine, settings: Settings | None = None):
+    def __init__(self, engine: EngineAPI, settings: Settings | None = None):
         self.requests: queue.Queue = queue.Queue()
         self.out: queue.Queue = queue.Queue()
         self.events = Events(self.out)
@@ -247,34 +262,68 @@ class LoopThread:
         self.requests.put(request)
 
     def close(self) -> None:
-        self.requests.put(Shutdown())
+        self.requests.put(Shutdown(0))
         self.thread.join(TIMEOUT)
         assert not self.thread.is_alive()
 
 
 class ExplodingEngine(Engine):
-    def chat(self, messages, cfg, cancel=None):
+    def chat(self, messages, cfg, cancel: Cancel = _never, speculative: bool = True):
         raise ZeroDivisionError("boom")
 
 
 class LearningEngine(Engine):
-    """Counts idle steps; each takes ~20 ms like a short unit of learning."""
+    """Counts idle steps; each takes ~20 ms like a short unit of learning, and from
+    step `long_from` on a minute, which only giving way (should_stop) cuts short."""
 
-    def __init__(self, result="running"):
+    def __init__(self, result: str | None = "running", long_from: int | None = None):
         super().__init__()
         self.result = result
+        self.long_from = long_from
         self.steps = 0
         self.stepped = threading.Semaphore(0)
+        self.long_step = threading.Event()  # set once a long step is under way
+        self.gave_way = 0
 
-    def idle_step(self):
-        time.sleep(0.02)
+    def idle_step(self, should_stop: Cancel = _never) -> LearningProgress | None:
         self.steps += 1
         self.stepped.release()
+        long = self.long_from is not None and self.steps >= self.long_from
+        if long:
+            self.long_step.set()
+        deadline = time.monotonic() + (60.0 if long else 0.02)
+        while time.monotonic() < deadline:
+            if should_stop():  # a request waits: stop at this "layer boundary"
+                self.gave_way += 1
+                return LearningProgress("tiny", "waiting", steps=self.steps)
+            time.sleep(0.005)
         if self.result == "fail":
             raise RuntimeError("adapter exploded")
         if self.result is None:
             return None
         return LearningProgress("tiny", "running", steps=self.steps)
+
+
+def _parameters(function) -> list[str]:
+    return [p for p in inspect.signature(function).parameters if p != "self"]
+
+
+@pytest.mark.parametrize("cls", [Engine, ExplodingEngine, LearningEngine])
+def test_the_engine_and_its_doubles_keep_the_declared_contract(home, cls):
+    """The worker calls the engine as EngineAPI declares, never probing it: a renamed
+    parameter (idle_step's should_stop, chat's speculative) must fail here."""
+    engine = cls()
+    for name, declared in vars(EngineAPI).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(declared, property):
+            assert isinstance(getattr(cls, name), property), name
+            continue
+        have = _parameters(getattr(cls, name))
+        want = _parameters(declared)
+        assert have[: len(want)] == want, f"{cls.__name__}.{name}{have} is not {want}"
+    for name in EngineAPI.__annotations__:
+        assert hasattr(engine, name), f"{cls.__name__} has no {name}"
 
 
 def test_unexpected_exception_is_reported_with_traceback_and_loop_keeps_serving(home):
@@ -285,34 +334,37 @@ def test_unexpected_exception_is_reported_with_traceback_and_loop_keeps_serving(
     assert "ZeroDivisionError: boom" in error.message
     assert "Traceback" in error.detail and error.request_id == 1
     assert seen[-1].reason == "error"
-    loop.send(AddModel(str(home / "missing.gguf")))
+    loop.send(AddModel(2, str(home / "missing.gguf")))
     error = loop.events.until(lambda e: isinstance(e, ErrorEvent))[-1]
-    assert "does not exist" in error.message
+    assert "does not exist" in error.message and error.request_id == 2
     loop.close()
 
 
 def test_idle_learning_runs_and_yields_promptly_to_a_request(home):
-    engine = LearningEngine()
+    engine = LearningEngine(long_from=4)
     loop = LoopThread(engine, Settings(idle_delay_s=0.05))
     progress = [e for e in loop.events.until(
         lambda e: isinstance(e, LearningProgress) and e.steps >= 3) if isinstance(e, LearningProgress)]
     assert [p.steps for p in progress] == [1, 2, 3]
+    assert engine.long_step.wait(TIMEOUT)  # step 4 would take a minute unless it gives way
     sent = time.monotonic()
     loop.send(ChatRequest(1, user("")))  # no model: answered at once with an error
-    loop.events.done(1)
-    assert time.monotonic() - sent < 2.0, "a request waits at most one idle step"
+    seen = loop.events.done(1)
+    assert time.monotonic() - sent < 2.0, "the running step must give way to a request"
+    assert engine.gave_way == 1
+    assert any(isinstance(e, LearningProgress) and e.state == "waiting" for e in seen)
     loop.close()
 
 
 def test_paused_learning_takes_no_steps_until_resumed(home):
     engine = LearningEngine()
     loop = LoopThread(engine, Settings(idle_delay_s=0.05, learning_paused=True))
-    loop.send(LearnNow())
+    loop.send(LearnNow(1))
     state = loop.events.until(lambda e: isinstance(e, LearningProgress))[-1]
-    assert state.state == "paused"
+    assert state.state == "paused" and state.request_id == 1
     time.sleep(0.3)  # absence of steps cannot be awaited
     assert engine.steps == 0
-    loop.send(PauseLearning(False))
+    loop.send(PauseLearning(2, False))
     assert engine.stepped.acquire(timeout=TIMEOUT)
     loop.close()
 
@@ -333,6 +385,7 @@ def test_failing_learning_step_is_reported_once(home):
     loop = LoopThread(engine, Settings(idle_delay_s=0.05))
     error = loop.events.until(lambda e: isinstance(e, ErrorEvent))[-1]
     assert "Learning stopped" in error.message and "adapter exploded" in error.detail
+    assert error.request_id is None  # tied to no request
     time.sleep(0.3)
     assert engine.steps == 1
     loop.close()
@@ -344,7 +397,7 @@ def test_shutdown_during_a_long_reply_stops_it(home, tiny_model):
     loop = LoopThread(engine)
     loop.send(ChatRequest(1, user("a long story"), max_new_tokens=100_000))
     loop.events.until(lambda e: isinstance(e, TokenBatch))
-    loop.send(Shutdown())
+    loop.send(Shutdown(2))
     assert loop.events.done(1)[-1].reason == "cancelled"
     loop.thread.join(TIMEOUT)
     assert not loop.thread.is_alive()
@@ -352,11 +405,12 @@ def test_shutdown_during_a_long_reply_stops_it(home, tiny_model):
 
 def test_settings_updates_are_checked_and_reported(home):
     loop = LoopThread(Engine())
-    loop.send(UpdateSettings({"idle_delay_s": -3, "learning_paused": True}))
-    loop.send(LearnNow())
+    loop.send(UpdateSettings(1, {"idle_delay_s": -3, "learning_paused": True}))
+    loop.send(LearnNow(2))
     seen = loop.events.until(lambda e: isinstance(e, LearningProgress))
     assert loop.loop.settings.idle_delay_s == 1.0 and loop.loop.settings.learning_paused
-    assert any("idle_delay_s" in getattr(e, "message", "") for e in seen)
+    notices = [e for e in seen if isinstance(e, Notice)]
+    assert any("idle_delay_s" in e.message and e.request_id == 1 for e in notices)
     loop.close()
 
 

@@ -1,0 +1,64 @@
+"""What the worker and the benchmark need of an engine, declared once.
+
+core.engine.Engine implements it; test doubles implement it too (usually by
+subclassing Engine), with the same signatures. The worker and the bench call
+these members directly instead of probing for them, so renaming a parameter here
+(e.g. idle_step's should_stop, through which learning gives way to a request)
+breaks loudly in tests rather than silently at run time.
+
+Only names are imported at type-checking time: the GUI process imports the
+worker module, and torch must stay out of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .catalog import ModelCatalog, ModelEntry
+    from .decoding import Cancel
+    from .events import TokenChunk, TurnFinished
+    from .loader import LoadedModel, Progress
+    from .protocol import LearningProgress
+    from .sampling import GenerationConfig
+    from .settings import Settings
+
+
+class EngineAPI(Protocol):
+    catalog: ModelCatalog
+    target: LoadedModel | None  # None until a target loaded
+    drafter: LoadedModel | None  # None while drafting is off
+    # The target's plain-decoding speed measured here (tokens/s), None until measured.
+    baseline_tokens_per_s: float | None
+    warnings: list[str]  # why drafting is off, for people
+    evaluating: bool  # benchmark evaluation: decoding teaches the engine nothing
+
+    @property
+    def drafter_description(self) -> str | None: ...
+
+    def load_target(self, id_or_path: str, progress: Progress = ...) -> ModelEntry:
+        """Load a target; on failure (ModelError) the previous one stays loaded."""
+        ...
+
+    def chat(
+        self, messages: list[dict], cfg: GenerationConfig, cancel: Cancel = ...,
+        speculative: bool = True,
+    ) -> Iterator[TokenChunk | TurnFinished]:
+        """A reply to a conversation; checks cancel() between decoding steps."""
+        ...
+
+    def complete(
+        self, prompt: str, cfg: GenerationConfig, cancel: Cancel = ..., speculative: bool = False
+    ) -> Iterator[TokenChunk | TurnFinished]:
+        """A raw completion of a text prompt (the benchmark's prompts)."""
+        ...
+
+    def idle_step(self, should_stop: Cancel = ...) -> LearningProgress | None:
+        """One short unit of learning, returning early once should_stop() is true;
+        None, or a state other than "running", when there is nothing (left) to do."""
+        ...
+
+    def reset_personalization(self, model_id: str) -> None: ...
+
+    def apply_settings(self, settings: Settings) -> None: ...
