@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import shutil
 from dataclasses import dataclass, field
 
 from omnidraft.core import paths
@@ -700,30 +699,29 @@ class MainWindow(QMainWindow):
             self.apply_settings(dialog.changes())
 
     def clear_all_data(self) -> None:
-        """Delete conversations, chart history, added models and learned state.
+        """Delete every file in the data folder (core.paths.clear_data: chats, damaged
+        ones set aside, chats under another key, chart history, added models, learned
+        state) and say what was kept: the encryption key file, if there is one.
 
         The worker holds learned state in memory and files, so it is stopped
-        first and started fresh afterwards. The encryption key stays: it is no
-        data of its own, and removing it while this process holds it would make
-        files written afterwards unreadable on the next start.
+        first and started fresh afterwards.
         """
         if self.active is not None:
             self._finish_reply(self.active.text, None)
         self.bridge.stop()
-        for conv in self.store.list():
+        for conv in self.store.list():  # the store forgets them; clear_data removes the rest
             self.store.delete(conv.id)
-        data = paths.data_dir()
-        for item in data.iterdir():
-            if item.name in ("key", "conversations"):
-                continue
-            shutil.rmtree(item) if item.is_dir() else item.unlink(missing_ok=True)
+        kept = paths.clear_data()
         self.charts.clear()
-        self.charts.save()
         self.current_target = None
         if self.targets_menu.path_of(self.wanted_target) and not self._is_bundled(self.wanted_target):
             self.wanted_target = self.targets_menu.path_of(self.wanted_target)
         self._show_conversation(None)
-        self.banner.show_message("cleared", "All conversations and learned data were deleted.")
+        message = "All conversations and learned data were deleted."
+        if kept:
+            message += (f" Kept: {', '.join(kept)} (the encryption key file: it holds no data "
+                        "of yours, and the running app still encrypts with it).")
+        self.banner.show_message("cleared", message)
         self.engine_state = "starting"
         self.bridge.start()
 

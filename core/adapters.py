@@ -13,7 +13,13 @@ built from `merged_state(target_id)` instead.
 
 Saving is atomic per adapter: the files go to a temporary folder that then
 replaces the old one by rename, so a crash leaves either the old adapter or
-the new one, never half of each.
+the new one, never half of each (the previous version waits as .<name>.old
+between the two renames and is restored from there after a crash).
+
+The weights and our counters are encrypted with the data key (core.secure_store):
+the weights are learned from the user's chats. Only peft's adapter_config.json
+(rank, alpha, module names) stays plaintext. Adapters saved as plaintext by
+older versions are read once and rewritten encrypted.
 """
 
 from __future__ import annotations
@@ -29,15 +35,22 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
-from peft.utils import get_peft_model_state_dict
+from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
-from .persistence import _fsync_dir
+from . import paths
+from .persistence import CorruptStateError, _fsync_dir
+from .secure_store import KeyStore, KeyUnavailableError, default_keystore
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-WEIGHTS_FILE = "adapter_model.safetensors"  # the names peft's load_adapter reads
-CONFIG_FILE = "adapter_config.json"
-META_FILE = "omnidraft.json"  # our own counters (training steps, samples)
+WEIGHTS_FILE = "weights.bin"  # safetensors bytes, encrypted
+META_FILE = "meta.bin"  # our own counters (training steps, samples), encrypted JSON
+CONFIG_FILE = "adapter_config.json"  # peft's LoraConfig (hyperparameters only)
+# What versions before encryption wrote in plaintext.
+LEGACY_WEIGHTS_FILE = "adapter_model.safetensors"
+LEGACY_META_FILE = "omnidraft.json"
+COUNTERS = ("steps", "samples")
 
 
 class AdapterStore:
@@ -48,15 +61,20 @@ class AdapterStore:
         rank: int = 32,
         alpha: int = 64,
         targets: tuple[str, ...] = TARGET_MODULES,
+        keys: KeyStore | None = None,
     ):
         self.root = Path(root)
+        self._keys = keys
         self.base_model = base_model
         self.rank, self.alpha, self.targets = rank, alpha, tuple(targets)
         self.peft: PeftModel | None = None  # created with the first adapter
         self.active: str | None = None  # target id
         self.warnings: list[str] = []
+        # Targets whose saved adapter is under a key this machine lacks: it is left
+        # as it is, never overwritten this session.
+        self._unsaved: set[str] = set()
         self._device = str(next(base_model.parameters()).device)
-        self._discard_unfinished_saves()
+        self._tidy()
 
     # ------------------------------------------------------------ adapters
     def activate(self, target_id: str) -> PeftModel:
@@ -74,7 +92,9 @@ class AdapterStore:
         return self.peft is not None and adapter_name(target_id) in self.peft.peft_config
 
     def has_saved(self, target_id: str) -> bool:
-        return (self.folder(target_id) / WEIGHTS_FILE).exists()
+        folder = self.folder(target_id)
+        self._recover(folder)
+        return _has_weights(folder)
 
     def folder(self, target_id: str) -> Path:
         return self.root / folder_name(target_id)
@@ -97,14 +117,18 @@ class AdapterStore:
             return
         folder = self.folder(target_id)
         self._recover(folder)
-        if (folder / WEIGHTS_FILE).exists():
+        if _has_weights(folder):
             try:
-                self._add(name, LoraConfig.from_pretrained(str(folder)))
-                self.peft.load_adapter(
-                    str(folder), adapter_name=name, is_trainable=True, torch_device=self._device
+                self._load_saved(name, folder)
+            except KeyUnavailableError:
+                if self.peft is not None and name in self.peft.peft_config:
+                    self.peft.delete_adapter(name)
+                self._unsaved.add(target_id)
+                self.warnings.append(
+                    f"The drafter's learned adapter for {target_id} was encrypted with a key "
+                    "that is not available now; it was left untouched and the drafter learns "
+                    "afresh this session without saving."
                 )
-                _fp32(self.peft, name)
-                return
             except Exception as exc:  # noqa: BLE001 - any damage means: start this adapter afresh
                 if self.peft is not None and name in self.peft.peft_config:
                     self.peft.delete_adapter(name)
@@ -113,7 +137,46 @@ class AdapterStore:
                     f"The drafter's learned adapter for {target_id} could not be read ({exc}); "
                     f"it starts over (the damaged copy was kept as {kept.name})."
                 )
+            else:
+                if not (folder / WEIGHTS_FILE).exists():
+                    self._migrate(target_id)
+                return
         self._add(name, self._new_config())
+
+    def _load_saved(self, name: str, folder: Path) -> None:
+        """Add the adapter saved in folder (encrypted, or plaintext from an older version)."""
+        config = LoraConfig.from_pretrained(str(folder))
+        encrypted = folder / WEIGHTS_FILE
+        if encrypted.exists():
+            blob = self.keys.decrypt(encrypted.read_bytes(), encrypted)
+        else:
+            blob = (folder / LEGACY_WEIGHTS_FILE).read_bytes()
+        state = {k: v.to(self._device) for k, v in safetensors_load(blob).items()}
+        self._add(name, config)
+        result = set_peft_model_state_dict(self.peft, state, adapter_name=name)
+        # strict=False inside peft: every base weight counts as missing; only the
+        # adapter's own keys tell a complete load.
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{name}." in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"{len(missing)} adapter weights missing, {len(result.unexpected_keys)} unexpected"
+            )
+        _fp32(self.peft, name)
+
+    def _migrate(self, target_id: str) -> None:
+        """Rewrite a plaintext adapter (older versions) encrypted; the save replaces
+        the whole folder, so the plaintext files go with it."""
+        try:
+            self.save(target_id)
+        except OSError as exc:
+            self.warnings.append(f"The drafter's learned adapter for {target_id} could not be re-saved "
+                                 f"encrypted ({exc}); it stays as it was.")
+
+    @property
+    def keys(self) -> KeyStore:
+        if self._keys is None:
+            self._keys = default_keystore()
+        return self._keys
 
     def _new_config(self) -> LoraConfig:
         return LoraConfig(
@@ -134,18 +197,20 @@ class AdapterStore:
     def save(self, target_id: str, meta: dict | None = None) -> None:
         """Write the adapter (and our counters) atomically to root/<target id>/."""
         self._ensure(target_id)
+        if target_id in self._unsaved:
+            return  # the saved copy is under another key: never overwrite it
         name = adapter_name(target_id)
         folder = self.folder(target_id)
-        self.root.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(self.root)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=self.root))
         try:
             state = {k: v.detach().contiguous() for k, v in
                      get_peft_model_state_dict(self.peft, adapter_name=name).items()}
             info = {"target_id": target_id, **self.meta(target_id), **(meta or {})}
-            _write(tmp / WEIGHTS_FILE, safetensors_bytes(state))
+            _write(tmp / WEIGHTS_FILE, self.keys.encrypt(safetensors_bytes(state)))
             self.peft.peft_config[name].save_pretrained(str(tmp))  # CONFIG_FILE
             _fsync_file(tmp / CONFIG_FILE)
-            _write(tmp / META_FILE, json.dumps(info, indent=2).encode())
+            _write(tmp / META_FILE, self.keys.encrypt(json.dumps(info).encode()))
             _fsync_dir(tmp)
             old = _old(folder)
             shutil.rmtree(old, ignore_errors=True)
@@ -159,12 +224,32 @@ class AdapterStore:
             raise
 
     def meta(self, target_id: str) -> dict:
-        """The counters saved with the adapter ({} when none were saved)."""
+        """The counters saved with the adapter ({} when none were saved or they are
+        unreadable). A damaged counters file is set aside as .corrupt and reported;
+        the weights beside it are kept."""
+        folder = self.folder(target_id)
+        self._recover(folder)
+        path = folder / META_FILE if (folder / META_FILE).exists() else folder / LEGACY_META_FILE
         try:
-            raw = json.loads((self.folder(target_id) / META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            blob = path.read_bytes()
+            plain = self.keys.decrypt(blob, path) if path.name == META_FILE else blob
+            raw = json.loads(plain.decode("utf-8"))
+            if not isinstance(raw, dict):
+                raise CorruptStateError(path, "it does not hold the adapter's counters")
+            for key in COUNTERS:
+                value = raw.get(key, 0)
+                if type(value) is not int or value < 0:
+                    raise CorruptStateError(path, f"{key} is not a count: {value!r}")
+        except (OSError, KeyUnavailableError):  # none saved, or not readable here
             return {}
-        return raw if isinstance(raw, dict) else {}
+        except (CorruptStateError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            kept = CorruptStateError(path, str(exc)).quarantine()
+            self.warnings.append(
+                f"The learning counters of the drafter's adapter for {target_id} were damaged; "
+                f"they start from zero, the learned weights are kept (the file was kept as {kept.name})."
+            )
+            return {}
+        return raw
 
     def reset(self, target_id: str) -> None:
         """Forget what the drafter learned for this target (memory and disk)."""
@@ -178,15 +263,24 @@ class AdapterStore:
         shutil.rmtree(_old(folder), ignore_errors=True)
 
     def _recover(self, folder: Path) -> None:
-        """A crash between save()'s two renames leaves only the previous version."""
+        """A crash between save()'s two renames leaves only the previous version;
+        a crash after both leaves a stale previous version beside the new one."""
         old = _old(folder)
-        if not folder.exists() and old.exists():
+        if not old.exists():
+            return
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
             os.replace(old, folder)
 
-    def _discard_unfinished_saves(self) -> None:
-        if self.root.is_dir():
-            for tmp in self.root.glob(".*.tmp"):
-                shutil.rmtree(tmp, ignore_errors=True)
+    def _tidy(self) -> None:
+        """Finish what a crash interrupted: restore parked versions, drop temporaries."""
+        if not self.root.is_dir():
+            return
+        for tmp in self.root.glob(".*.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in self.root.glob(".*.old"):
+            self._recover(self.root / old.name[1 : -len(".old")])
 
     # ------------------------------------------------------------ merging
     @torch.no_grad()
@@ -233,6 +327,10 @@ def _fp32(peft: PeftModel, name: str) -> None:
     for n, p in peft.named_parameters():
         if f".{name}." in n and "lora_" in n and p.dtype != torch.float32:
             p.data = p.data.float()
+
+
+def _has_weights(folder: Path) -> bool:
+    return (folder / WEIGHTS_FILE).exists() or (folder / LEGACY_WEIGHTS_FILE).exists()
 
 
 def _old(folder: Path) -> Path:

@@ -17,15 +17,18 @@ used when its measured tokens per second are at least the drafter's, or while
 either has too few steps to tell (the prior: lookup, it is free). One eligible
 step in EXPLORE_EVERY still takes the lookup, so its figure stays current as
 the drafter changes. The decay lets the drafter's figure follow its learning.
-Saved per target with the n-gram cache (numbers only, no text).
+Saved per target with the n-gram cache, encrypted like it: only numbers, but
+which sources pay off says something about what the user writes.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .persistence import CorruptStateError, atomic_write_json, read_json
+from .persistence import CorruptStateError
+from .secure_store import KeyStore, load_or_migrate, save_encrypted
 
 DRAFTER = "drafter"
 MIN_STEPS = 20.0  # decayed steps a source needs before its figure is trusted
@@ -78,13 +81,19 @@ class DraftPolicy:
                 for name, s in sorted(self.stats.items()) if s.steps}
 
     # ------------------------------------------------------------ persistence
-    def save(self, path: Path) -> None:
-        atomic_write_json(path, {"stats": {k: vars(v) for k, v in self.stats.items()}})
+    def save(self, path: Path, keys: KeyStore | None = None) -> None:
+        save_encrypted(path, {"stats": {k: vars(v) for k, v in self.stats.items()}}, keys)
 
     @classmethod
-    def load(cls, path: Path) -> DraftPolicy:
-        """The saved policy ({} when none); CorruptStateError when unreadable."""
-        raw = read_json(path, {"stats": {}})
+    def load(cls, path: Path, keys: KeyStore | None = None, legacy: Path | None = None) -> DraftPolicy:
+        """The saved policy (empty when none); CorruptStateError when unreadable.
+        `legacy`: where an older version kept it as plaintext JSON (migrated once)."""
+        return load_or_migrate(path, legacy or path, cls._from_raw, keys)
+
+    @classmethod
+    def _from_raw(cls, raw: object, path: Path) -> DraftPolicy:
+        if raw is None:
+            return cls()
         stats = raw.get("stats") if isinstance(raw, dict) else None
         if not isinstance(stats, dict):
             raise CorruptStateError(path, "it does not hold draft statistics")
@@ -94,7 +103,7 @@ class DraftPolicy:
                 s = SourceStats(**{k: float(values[k]) for k in ("steps", "tokens", "seconds")})
             except (KeyError, TypeError, ValueError) as exc:
                 raise CorruptStateError(path, f"bad statistics for {name!r}") from exc
-            if min(s.steps, s.tokens, s.seconds) < 0:
-                raise CorruptStateError(path, f"negative statistics for {name!r}")
+            if not all(math.isfinite(v) and v >= 0 for v in (s.steps, s.tokens, s.seconds)):
+                raise CorruptStateError(path, f"negative or infinite statistics for {name!r}")
             policy.stats[str(name)] = s
         return policy

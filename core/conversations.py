@@ -81,7 +81,7 @@ class ConversationStore:
 
     def __init__(self, folder: Path | None = None, keys: KeyStore | None = None):
         self.folder = Path(folder or paths.data_dir() / "conversations")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(self.folder)
         self.keys = keys
         self.warnings: list[str] = []  # shown to the user; nothing here is fatal
         self._convs: dict[str, Conversation] = {}

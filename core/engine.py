@@ -28,6 +28,7 @@ from .persistence import CorruptStateError
 from .protocol import LearningProgress
 from .replay_buffer import ReplayBuffer, Sample
 from .sampling import GenerationConfig
+from .secure_store import KeyUnavailableError
 from .speculative import SpecOptions, _text, generate_speculative
 from .vocab_bridge import NgramCache, VocabBridge
 
@@ -35,6 +36,10 @@ MAX_MESSAGE_CHARS = 200_000
 BASELINE_PROMPT = "Here is a short story about a lighthouse keeper and the sea.\n\n"
 BASELINE_TOKENS = 24
 MAX_CACHED_BRIDGES = 3
+# Learned per-target state files (encrypted), and where versions before encryption
+# kept them as plaintext JSON (migrated on first load).
+NGRAM_FILE, NGRAM_LEGACY = "ngram_cache.bin", "ngram_cache.json"
+POLICY_FILE, POLICY_LEGACY = "draft_policy.bin", "draft_policy.json"
 
 
 class InputError(Exception):
@@ -111,6 +116,9 @@ class Engine:
         # turn afterwards, so no evaluation prompt teaches the next one.
         self.evaluating = False
         self.warnings: list[str] = []
+        # State files encrypted with a key this machine lacks: left untouched, and
+        # not overwritten this session.
+        self._unsaved: set[tuple[str, str]] = set()
         # The target's plain-decoding speed measured on this machine (tokens/s), the
         # baseline every reply's speedup is computed against; None until measured.
         self.baseline_tokens_per_s: float | None = None
@@ -137,8 +145,10 @@ class Engine:
         try:
             self._ensure_drafter(progress)
             self.bridge = self._bridge_for(entry, loaded.tokenizer)
-            self.bridge.cache = self._load_state(entry.id, "ngram_cache.json", NgramCache, "n-gram cache")
-            self.draft_policy = self._load_state(entry.id, "draft_policy.json", DraftPolicy, "drafting statistics")
+            self.bridge.cache = self._load_state(entry.id, NGRAM_FILE, NGRAM_LEGACY, NgramCache, "n-gram cache")
+            self.draft_policy = self._load_state(
+                entry.id, POLICY_FILE, POLICY_LEGACY, DraftPolicy, "drafting statistics"
+            )
             self._load_learned(entry.id, progress)
         except ModelError as exc:  # the app still works, without speculation
             self.warnings.append(f"Drafting is off: {exc}")
@@ -174,11 +184,20 @@ class Engine:
         drafter = self.drafter.entry.id if self.drafter else self.drafter_id
         return paths.data_dir() / "state" / f"{drafter}--{target_id}"
 
-    def _load_state(self, target_id: str, name: str, kind, what: str):
+    def _load_state(self, target_id: str, name: str, legacy: str, kind, what: str):
         """kind.load(state file), or a fresh kind() with a warning when the file is
-        damaged (moved aside, never deleted)."""
+        damaged (moved aside, never deleted) or under another key (left as it is)."""
+        folder = self.state_dir(target_id)
+        self._unsaved.discard((target_id, name))
         try:
-            return kind.load(self.state_dir(target_id) / name)
+            return kind.load(folder / name, legacy=folder / legacy)
+        except KeyUnavailableError:
+            self._unsaved.add((target_id, name))
+            self.warnings.append(
+                f"The file of learned {what} ({name}) was encrypted with a key that is not "
+                "available now; it was left untouched and is not updated this session."
+            )
+            return kind()
         except CorruptStateError as exc:
             kept = exc.quarantine()
             self.warnings.append(f"The file of learned {what} was damaged; it starts over (kept as {kept.name}).")
@@ -195,13 +214,23 @@ class Engine:
         if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
             progress("Loading what the drafter learned for this model", 0.98)
             weights = self.adapters.merged_state(target_id)
+        self._take_adapter_warnings()
         self._drafter.load_weights(weights)
         self._drafter_stale = False
 
+    def _take_adapter_warnings(self) -> None:
+        """The adapter store's reports (damaged files set aside) reach the user."""
+        if self.adapters is not None and self.adapters.warnings:
+            self.warnings.extend(self.adapters.warnings)
+            self.adapters.warnings.clear()
+
     def _save_state(self) -> None:
-        if self.target is not None and self.bridge is not None:
-            self.bridge.cache.save(self.state_dir(self.target.entry.id) / "ngram_cache.json")
-            self.draft_policy.save(self.state_dir(self.target.entry.id) / "draft_policy.json")
+        if self.target is None or self.bridge is None:
+            return
+        target_id = self.target.entry.id
+        for name, state in ((NGRAM_FILE, self.bridge.cache), (POLICY_FILE, self.draft_policy)):
+            if (target_id, name) not in self._unsaved:
+                state.save(self.state_dir(target_id) / name)
 
     # ------------------------------------------------------------------ input
     def encode(self, messages: list[dict]) -> EncodedChat:
@@ -354,6 +383,7 @@ class Engine:
             )
         learner = self._learners[target_id]
         learner.target_model, learner.bridge, learner.buffer = self.target.model, self.bridge, self.buffer
+        self._take_adapter_warnings()
         return learner
 
     def has_learning_work(self) -> bool:
@@ -408,6 +438,7 @@ class Engine:
         replay buffer, which live in the same folder)."""
         shutil.rmtree(self.state_dir(model_id), ignore_errors=True)
         self._learners.pop(model_id, None)
+        self._unsaved = {k for k in self._unsaved if k[0] != model_id}
         if self.adapters is not None:
             self.adapters.reset(model_id)
         if self.target is not None and self.target.entry.id == model_id and self.bridge is not None:

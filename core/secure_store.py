@@ -5,7 +5,8 @@ key lives in the OS keyring (service "omnidraft", name "data-key"). Where no
 usable keyring exists (a headless Linux box, a locked-down desktop) it falls back
 to a key file `<data_dir>/key` readable only by the user, and says so in
 `KeyStore.fallback_warning` so the GUI can tell the user. Nothing is ever written
-in plaintext.
+in plaintext: conversations, the replay buffer, and everything learned from them
+(n-gram caches, drafting statistics, adapter weights and counters) use this key.
 
 File format: MAGIC + 8-byte key fingerprint + Fernet token. The fingerprint lets a
 reader tell "encrypted with a key we do not hold" (keyring unavailable today, data
@@ -20,17 +21,20 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.fernet import Fernet, InvalidToken
 
 from . import paths
-from .persistence import CorruptStateError, atomic_write_bytes
+from .persistence import CorruptStateError, atomic_write_bytes, read_json
+
+T = TypeVar("T")
 
 KEYRING_SERVICE = "omnidraft"
 KEYRING_NAME = "data-key"
-KEY_FILE_NAME = "key"
+KEY_FILE_NAME = paths.KEY_FILE_NAME
 MAGIC = b"OMDENC1\n"
 _FP_LEN = 8
 
@@ -200,7 +204,7 @@ def _tighten_permissions(path: Path) -> None:
 
 def _create_key_file(path: Path) -> bytes:
     """Write a new key with mode 0600. If another process wins the race, use its key."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(path.parent)
     key = Fernet.generate_key()
     fd, tmp = tempfile.mkstemp(prefix=".key.", suffix=".tmp", dir=path.parent)  # mode 0600
     try:
@@ -241,6 +245,7 @@ def save_encrypted(path: Path, obj: Any, keys: KeyStore | None = None) -> None:
     """JSON-serialise obj, encrypt it and write it atomically (mode 0600)."""
     keys = keys or default_keystore()
     data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    paths.private_dir(Path(path).parent)
     atomic_write_bytes(Path(path), keys.encrypt(data))
 
 
@@ -261,3 +266,27 @@ def load_encrypted(path: Path, default: Any = None, keys: KeyStore | None = None
         return json.loads(plain.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptStateError(path, f"decrypted content is not valid JSON: {exc}") from exc
+
+
+def load_or_migrate(
+    path: Path, legacy: Path, parse: Callable[[Any, Path], T], keys: KeyStore | None = None
+) -> T:
+    """parse(object, file) of the encrypted file at `path`, or of None when there is none.
+
+    Older versions wrote the same object as plaintext JSON at `legacy`. When only
+    that exists, it is read once, checked by parse, rewritten encrypted at `path`
+    and then deleted: nothing the user had is lost, and no plaintext stays. parse
+    raises CorruptStateError (with the file it was given) for a wrong shape, so the
+    caller quarantines the right file.
+    """
+    path, legacy = Path(path), Path(legacy)
+    if path.exists() or not legacy.exists():
+        value = parse(load_encrypted(path, None, keys), path)
+        if legacy != path:  # a crash between the rewrite and the delete left the plaintext
+            legacy.unlink(missing_ok=True)
+        return value
+    raw = read_json(legacy, None)
+    value = parse(raw, legacy)
+    save_encrypted(path, raw, keys)
+    legacy.unlink(missing_ok=True)
+    return value

@@ -13,7 +13,8 @@ OMNIDRAFT.md section 1. Two parts:
   'flake' = drafter 'f','la','ke'; and also runs whose boundaries differ, e.g.
   target '▁▁','return' = drafter 'Ġ','Ġreturn') becomes an entry
   drafter run -> target run. Proposals merge drafted runs by longest match.
-  Bounded, LRU eviction, saved per (drafter, target) pair.
+  Bounded, LRU eviction, saved per (drafter, target) pair, encrypted: its
+  entries are pieces of the user's prompts and replies.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .persistence import atomic_write_json, read_json
+from .persistence import CorruptStateError
+from .secure_store import KeyStore, load_or_migrate, save_encrypted
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -172,20 +174,43 @@ class NgramCache:
                 return n, hit
         return None
 
-    def save(self, path: Path) -> None:
-        atomic_write_json(
+    def save(self, path: Path, keys: KeyStore | None = None) -> None:
+        save_encrypted(
             path,
             {"max_entries": self.max_entries,
              "entries": [[list(k), list(v)] for k, v in self.entries.items()]},
+            keys,
         )
 
     @classmethod
-    def load(cls, path: Path, max_entries: int = 20000) -> NgramCache:
-        raw = read_json(path, {"entries": []})
+    def load(
+        cls, path: Path, max_entries: int = 20000, keys: KeyStore | None = None,
+        legacy: Path | None = None,
+    ) -> NgramCache:
+        """The saved cache (empty when none). `legacy`: where an older version kept it
+        as plaintext JSON (migrated once). CorruptStateError when it is damaged or
+        not a cache (valid JSON of the wrong shape included)."""
+        return load_or_migrate(
+            path, legacy or path, lambda raw, src: cls._from_raw(raw, src, max_entries), keys
+        )
+
+    @classmethod
+    def _from_raw(cls, raw: object, path: Path, max_entries: int) -> NgramCache:
         cache = cls(max_entries)
-        for k, v in raw.get("entries", []):
-            cache.add(tuple(k), tuple(v))
+        if raw is None:
+            return cache
+        entries = raw.get("entries") if isinstance(raw, dict) else None
+        if not isinstance(entries, list):
+            raise CorruptStateError(path, "it does not hold n-gram entries")
+        for entry in entries:
+            if not (isinstance(entry, list) and len(entry) == 2 and all(_token_run(r) for r in entry)):
+                raise CorruptStateError(path, "an n-gram entry is not two runs of token ids")
+            cache.add(tuple(entry[0]), tuple(entry[1]))
         return cache
+
+
+def _token_run(run: object) -> bool:
+    return isinstance(run, list) and all(type(t) is int and t >= 0 for t in run)
 
 
 class VocabBridge:

@@ -1,10 +1,22 @@
 """Per-target LoRA adapters on one shared tiny drafter."""
 
+import json
 import time
 
 import pytest
 import torch
-from omnidraft.core.adapters import AdapterStore, adapter_name, folder_name
+from omnidraft.core.adapters import (
+    CONFIG_FILE,
+    LEGACY_META_FILE,
+    LEGACY_WEIGHTS_FILE,
+    META_FILE,
+    WEIGHTS_FILE,
+    AdapterStore,
+    adapter_name,
+    folder_name,
+)
+from omnidraft.core.secure_store import MAGIC, default_keystore
+from safetensors.torch import save as safetensors_bytes
 
 from tests.tiny import tiny_llama
 
@@ -74,21 +86,34 @@ def test_crash_between_renames_keeps_the_old_adapter(tmp_path, store):
     root = tmp_path / "adapters"
     store.activate("t")
     _perturb(store, "t", seed=4)
-    store.save("t")
+    store.save("t", {"steps": 7})
     saved = store.lora_state("t")
     (root / "t").rename(root / ".t.old")  # as if the process died mid-save
     (root / ".t.x.tmp").mkdir()  # and an unfinished temporary folder
     fresh = AdapterStore(root, _base(), rank=4, alpha=8)
     assert not (root / ".t.x.tmp").exists()
+    # Before anything activates it: the engine asks has_saved and the learner meta.
+    assert fresh.has_saved("t") and fresh.meta("t")["steps"] == 7
     fresh.activate("t")
     assert all(torch.equal(fresh.lora_state("t")[k], saved[k]) for k in saved)
+    assert (root / "t").is_dir() and not (root / ".t.old").exists()
+
+
+def test_a_stale_old_copy_beside_the_new_one_is_dropped(tmp_path, store):
+    root = tmp_path / "adapters"
+    store.activate("t")
+    store.save("t", {"steps": 1})
+    store.save("t", {"steps": 2})
+    (root / ".t.old").mkdir()  # killed after both renames, before the clean-up
+    fresh = AdapterStore(root, _base(), rank=4, alpha=8)
+    assert fresh.meta("t")["steps"] == 2 and not (root / ".t.old").exists()
 
 
 def test_damaged_adapter_starts_over(tmp_path, store):
     root = tmp_path / "adapters"
     store.activate("t")
     store.save("t")
-    (root / "t" / "adapter_model.safetensors").write_bytes(b"garbage")
+    (root / "t" / WEIGHTS_FILE).write_bytes(b"garbage")
     fresh = AdapterStore(root, _base(), rank=4, alpha=8)
     model = fresh.activate("t")
     assert fresh.warnings and "t.corrupt" in fresh.warnings[0]
@@ -163,3 +188,75 @@ def test_odd_target_ids(tmp_path, store):
         fresh = AdapterStore(tmp_path / "adapters", _base(), rank=4, alpha=8)
         fresh.activate(target)
         assert all(torch.equal(fresh.lora_state(target)[k], saved[k]) for k in saved)
+
+
+def test_saved_weights_and_counters_are_encrypted(tmp_path, store):
+    store.activate("t")
+    _perturb(store, "t", seed=9)
+    store.save("t", {"steps": 3, "samples": 12})
+    folder = tmp_path / "adapters" / "t"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([WEIGHTS_FILE, META_FILE, CONFIG_FILE])
+    for name in (WEIGHTS_FILE, META_FILE):
+        assert (folder / name).read_bytes().startswith(MAGIC)
+    assert b"lora_A" not in (folder / WEIGHTS_FILE).read_bytes()  # safetensors' header names
+    assert b"samples" not in (folder / META_FILE).read_bytes()
+
+
+def test_a_plaintext_adapter_from_an_older_version_is_migrated(tmp_path, store):
+    store.activate("t")
+    _perturb(store, "t", seed=10)
+    saved = store.lora_state("t")
+    legacy = tmp_path / "old" / "t"
+    legacy.mkdir(parents=True)
+    # What versions before encryption wrote: peft's file names, plaintext.
+    (legacy / LEGACY_WEIGHTS_FILE).write_bytes(safetensors_bytes({k: v.contiguous() for k, v in saved.items()}))
+    store.peft.peft_config[adapter_name("t")].save_pretrained(str(legacy))
+    (legacy / LEGACY_META_FILE).write_text(json.dumps({"target_id": "t", "steps": 5, "samples": 20}))
+
+    fresh = AdapterStore(tmp_path / "old", _base(), rank=4, alpha=8)
+    assert fresh.has_saved("t") and fresh.meta("t")["steps"] == 5
+    fresh.activate("t")
+    assert all(torch.equal(fresh.lora_state("t")[k], saved[k]) for k in saved)
+    assert not fresh.warnings
+    names = {p.name for p in legacy.iterdir()}
+    assert names == {WEIGHTS_FILE, META_FILE, CONFIG_FILE}  # the plaintext is gone
+    assert fresh.meta("t") == {"target_id": "t", "steps": 5, "samples": 20}
+    again = AdapterStore(tmp_path / "old", _base(), rank=4, alpha=8)
+    again.activate("t")
+    assert all(torch.equal(again.lora_state("t")[k], saved[k]) for k in saved)
+
+
+@pytest.mark.parametrize("bad", [{"steps": "many"}, {"steps": -1}, {"samples": 1.5}, [3], "x"])
+def test_damaged_counters_are_set_aside_and_the_weights_kept(tmp_path, store, bad):
+    root = tmp_path / "adapters"
+    store.activate("t")
+    _perturb(store, "t", seed=11)
+    store.save("t", {"steps": 4})
+    saved = store.lora_state("t")
+    meta = root / "t" / META_FILE
+    meta.write_bytes(default_keystore().encrypt(json.dumps(bad).encode()))
+    fresh = AdapterStore(root, _base(), rank=4, alpha=8)
+    assert fresh.meta("t") == {}
+    assert fresh.warnings and f"{META_FILE}.corrupt" in fresh.warnings[0]
+    assert (root / "t" / f"{META_FILE}.corrupt").exists() and not meta.exists()
+    fresh.activate("t")
+    assert all(torch.equal(fresh.lora_state("t")[k], saved[k]) for k in saved)
+    fresh.save("t", {"steps": 1})
+    assert fresh.meta("t")["steps"] == 1
+
+
+def test_an_adapter_under_another_key_is_left_untouched(tmp_path, store):
+    from keyring.backends.fail import Keyring
+    from omnidraft.core.secure_store import KeyStore
+
+    root = tmp_path / "adapters"
+    store.activate("t")
+    _perturb(store, "t", seed=12)
+    store.save("t", {"steps": 4})
+    before = {p.name: p.read_bytes() for p in (root / "t").iterdir()}
+    other = AdapterStore(root, _base(), rank=4, alpha=8, keys=KeyStore(tmp_path / "elsewhere", Keyring()))
+    model = other.activate("t")
+    assert other.warnings and "key" in other.warnings[0]
+    assert torch.allclose(_forward(model), _forward(_base()), atol=1e-6)  # starts afresh
+    other.save("t", {"steps": 1})  # never overwrites what it cannot read
+    assert {p.name: p.read_bytes() for p in (root / "t").iterdir()} == before

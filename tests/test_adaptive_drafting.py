@@ -4,11 +4,18 @@ drafter, learned from this target's own verification outcomes."""
 import json
 
 import pytest
-
-from omnidraft.core.adaptive_drafting import DRAFTER, EXPLORE_EVERY, MIN_STEPS, DraftPolicy, lookup_source
+from omnidraft.core.adaptive_drafting import (
+    DRAFTER,
+    EXPLORE_EVERY,
+    MIN_STEPS,
+    DraftPolicy,
+    lookup_source,
+)
 from omnidraft.core.persistence import CorruptStateError
 from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.secure_store import MAGIC, save_encrypted
 from omnidraft.core.speculative import SpecOptions, generate_speculative
+
 from tests.test_speculative import PROMPTS, _run_plain, cross  # noqa: F401 - fixture
 
 
@@ -35,17 +42,32 @@ def test_lookups_are_used_until_the_drafter_measurably_does_better():
 def test_the_policy_is_saved_and_a_damaged_file_is_refused(tmp_path):
     policy = DraftPolicy()
     _feed(policy, DRAFTER, 30, tokens=3, seconds=0.1)
-    path = tmp_path / "draft_policy.json"
+    path = tmp_path / "draft_policy.bin"
     policy.save(path)
+    assert path.read_bytes().startswith(MAGIC)
     again = DraftPolicy.load(path)
     assert again.summary() == policy.summary()
     assert again.summary()[DRAFTER]["tokens_per_step"] == 3.0
-    assert DraftPolicy.load(tmp_path / "missing.json").stats == {}
+    assert DraftPolicy.load(tmp_path / "missing.bin").stats == {}
+    legacy = tmp_path / "draft_policy.json"
     for bad in ("{not json", json.dumps({"stats": {"drafter": {"steps": "x"}}}),
-                json.dumps({"stats": {"drafter": {"steps": -1, "tokens": 1, "seconds": 1}}}), "[]"):
-        path.write_text(bad)
+                json.dumps({"stats": {"drafter": {"steps": -1, "tokens": 1, "seconds": 1}}}),
+                json.dumps({"stats": {"drafter": {"steps": 1, "tokens": "inf", "seconds": 1}}}), "[]"):
+        legacy.write_text(bad)
         with pytest.raises(CorruptStateError):
-            DraftPolicy.load(path)
+            DraftPolicy.load(tmp_path / "new.bin", legacy=legacy)
+        save_encrypted(tmp_path / "bad.bin", "x" if bad.startswith("{not") else json.loads(bad))
+        with pytest.raises(CorruptStateError):
+            DraftPolicy.load(tmp_path / "bad.bin")
+
+
+def test_plaintext_statistics_from_an_older_version_are_migrated(tmp_path):
+    policy = DraftPolicy()
+    _feed(policy, DRAFTER, 30, tokens=3, seconds=0.1)
+    legacy, path = tmp_path / "draft_policy.json", tmp_path / "draft_policy.bin"
+    legacy.write_text(json.dumps({"stats": {k: vars(v) for k, v in policy.stats.items()}}))
+    assert DraftPolicy.load(path, legacy=legacy).summary() == policy.summary()
+    assert not legacy.exists() and path.read_bytes().startswith(MAGIC)
 
 
 def test_decoding_records_each_source_and_stays_lossless_when_lookups_are_refused(cross, gemma_tok):

@@ -1,6 +1,8 @@
 """The engine learns from its own traffic per target, in idle steps, and
 learning changes speed, never answers (float32, tiny models)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,18 +15,27 @@ from tests.tiny import tiny_gemma3
 PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
 
 
-@pytest.fixture
-def target_dir(tmp_path, gemma_tok):
-    folder = tmp_path / "tiny-gemma"
+def tiny_target(folder: Path, gemma_tok) -> Path:
+    """A tiny random Gemma-3 target with the real Gemma tokenizer, saved in folder."""
     tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(folder)
     gemma_tok.save_pretrained(folder)
     return folder
 
 
-def _engine(home_dir, target_dir):
+@pytest.fixture
+def target_dir(tmp_path, gemma_tok):
+    return tiny_target(tmp_path / "tiny-gemma", gemma_tok)
+
+
+def learning_engine(target_dir: Path) -> Engine:
+    """An engine serving the tiny target, learning in small, fast batches."""
     engine = Engine(ModelCatalog(), dtype=torch.float32, learn_settings=LearnSettings(batch_size=2, lr=1e-3))
     engine.load_target(str(target_dir), measure_baseline=False)
     return engine
+
+
+def _engine(home_dir, target_dir):
+    return learning_engine(target_dir)
 
 
 def _reply(engine, prompt, speculative):

@@ -1,8 +1,11 @@
 """The vocabulary bridge between the real SmolLM2 (byte-level BPE) and Gemma
 (SentencePiece) tokenizers."""
 
-import pytest
+import json
 
+import pytest
+from omnidraft.core.persistence import CorruptStateError
+from omnidraft.core.secure_store import MAGIC, save_encrypted
 from omnidraft.core.vocab_bridge import NgramCache, VocabBridge, align
 
 
@@ -122,9 +125,34 @@ def test_cache_saves_and_restores(tmp_path):
     cache = NgramCache(max_entries=5)
     cache.add((1, 2), (10,))
     cache.add((3, 4, 5), (11, 12))
-    cache.save(tmp_path / "c.json")
-    back = NgramCache.load(tmp_path / "c.json", max_entries=5)
+    cache.save(tmp_path / "c.bin")
+    assert (tmp_path / "c.bin").read_bytes().startswith(MAGIC)  # token ids of the user's text
+    back = NgramCache.load(tmp_path / "c.bin", max_entries=5)
     assert back.entries == cache.entries and back.longest == 3
+    assert NgramCache.load(tmp_path / "c.bin", max_entries=5).entries == cache.entries  # still there
+    assert len(NgramCache.load(tmp_path / "missing.bin")) == 0
+
+
+def test_a_plaintext_cache_from_an_older_version_is_migrated(tmp_path):
+    legacy, path = tmp_path / "c.json", tmp_path / "c.bin"
+    legacy.write_text(json.dumps({"max_entries": 5, "entries": [[[1, 2], [10]], [[3, 4, 5], [11, 12]]]}, indent=2))
+    back = NgramCache.load(path, max_entries=5, legacy=legacy)
+    assert back.entries == {(1, 2): (10,), (3, 4, 5): (11, 12)}
+    assert not legacy.exists() and path.read_bytes().startswith(MAGIC)
+    assert NgramCache.load(path, max_entries=5, legacy=legacy).entries == back.entries
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", '{"entries": 5}', '{"entries": [[1, 2]]}',
+                                 '{"entries": [[["a"], [1]]]}', '{"entries": [[[1], [-3]]]}', '"x"'])
+def test_a_damaged_or_wrong_shape_cache_is_refused(tmp_path, bad):
+    legacy = tmp_path / "c.json"
+    legacy.write_text(bad)
+    with pytest.raises(CorruptStateError) as caught:
+        NgramCache.load(tmp_path / "c.bin", legacy=legacy)
+    assert caught.value.path == legacy  # the caller sets the right file aside
+    save_encrypted(tmp_path / "e.bin", json.loads(bad) if bad != "{not json" else "x")
+    with pytest.raises(CorruptStateError):
+        NgramCache.load(tmp_path / "e.bin")
 
 
 def test_align_splits_at_shared_boundaries():
