@@ -180,3 +180,22 @@ def test_a_crash_between_the_adapter_saves_renames_loses_nothing(home, target_di
     assert torch.equal(again._drafter.net.layers[0][1], learned)
     assert again._learner().steps == steps > 0
     assert folder.is_dir() and not folder.with_name(f".{folder.name}.old").exists()
+
+
+def test_state_under_another_key_is_left_untouched(home, target_dir, tmp_path):
+    from keyring.backends.fail import Keyring
+    from omnidraft.core.secure_store import KeyStore
+
+    engine = _engine(target_dir)
+    _chat(engine, PROMPTS[0])
+    folder = engine.state_dir(engine.target.entry.id)
+    foreign = KeyStore(tmp_path / "another-machine", Keyring())
+    engine.bridge.cache.save(folder / NGRAM_FILE, foreign)  # e.g. copied from another machine
+    before = (folder / NGRAM_FILE).read_bytes()
+
+    again = _engine(target_dir)
+    assert any("key that is not available" in w for w in again.warnings)
+    assert len(again.bridge.cache) == 0 and again.draft_policy.stats  # the rest is loaded
+    _chat(again, PROMPTS[1])  # saves the state after the turn
+    assert (folder / NGRAM_FILE).read_bytes() == before  # never overwritten
+    assert not list(folder.glob("*.corrupt*"))
