@@ -159,6 +159,7 @@ class WorkerLoop:
                 if not self.parent_alive():
                     return  # orphaned: nobody will read what we do
                 self._idle_step()
+                self._forward_warnings()
                 continue
             self.last_request = time.monotonic()
             self.learning_has_work = True
@@ -229,6 +230,15 @@ class WorkerLoop:
                     traceback.format_exc(),
                 )
             )
+        finally:
+            self._forward_warnings()
+
+    def _forward_warnings(self) -> None:
+        """What the engine set aside or turned off while serving (a damaged learned
+        file kept as .corrupt, drafting off) reaches the person, once each."""
+        for warning in self.engine.warnings:
+            self.emit(Notice(None, warning))
+        self.engine.warnings.clear()
 
     def _handle(self, request: Request) -> None:
         if isinstance(request, ChatRequest):

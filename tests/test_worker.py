@@ -391,6 +391,26 @@ def test_failing_learning_step_is_reported_once(home):
     loop.close()
 
 
+class WarningEngine(Engine):
+    """Sets aside a damaged learned file while serving, as the real engine does."""
+
+    def chat(self, messages, cfg, cancel: Cancel = _never, speculative: bool = True):
+        self.warnings.append("The file of learned drafting statistics was damaged; it starts over.")
+        raise ValueError("no target")
+
+
+def test_what_the_engine_set_aside_reaches_the_person_once(home):
+    loop = LoopThread(WarningEngine())
+    loop.send(ChatRequest(1, user("hi")))
+    loop.events.done(1)
+    notice = loop.events.until(lambda e: isinstance(e, Notice))[-1]
+    assert "drafting statistics was damaged" in notice.message and notice.request_id is None
+    loop.send(AddModel(2, str(home / "missing.gguf")))
+    seen = loop.events.until(lambda e: isinstance(e, ErrorEvent) and e.request_id == 2)
+    assert not any(isinstance(e, Notice) for e in seen)  # told once, not after every request
+    loop.close()
+
+
 def test_shutdown_during_a_long_reply_stops_it(home, tiny_model):
     engine = Engine()
     engine.load_target(str(tiny_model))
