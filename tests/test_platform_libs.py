@@ -227,26 +227,19 @@ def _start_xvfb() -> tuple[subprocess.Popen, str]:
 
 
 def _window_titles(display: str) -> str:
-    env = {**os.environ, "DISPLAY": display}
     if shutil.which("xdotool"):
-        found = subprocess.run(
-            ["xdotool", "search", "--onlyvisible", "--name", "OmniDraft Desktop", "getwindowname"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=30,
-            check=False,
-        )
-        return found.stdout
-    tree = subprocess.run(
-        ["xwininfo", "-root", "-tree"],
+        command = ["xdotool", "search", "--onlyvisible", "--name", "OmniDraft Desktop", "getwindowname"]
+    else:
+        command = ["xwininfo", "-root", "-tree"]
+    found = subprocess.run(
+        command,
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "DISPLAY": display},
         timeout=30,
         check=False,
     )
-    return tree.stdout
+    return found.stdout
 
 
 def _stop(app: subprocess.Popen) -> None:
