@@ -13,9 +13,12 @@ import gc
 import logging
 from dataclasses import dataclass, field
 
-from omnidraft.core import paths
-from omnidraft.core.conversations import ConversationStore
-from omnidraft.core.protocol import (
+from omnidraft.core.storage import paths
+from omnidraft.core.storage.conversations import ConversationStore
+from omnidraft.core.storage.secure_store import default_keystore
+from omnidraft.core.storage.settings import load_settings, save_settings
+from omnidraft.core.worker.process import WorkerHandle
+from omnidraft.core.worker.protocol import (
     AddModel,
     CancelRequest,
     CatalogChanged,
@@ -34,9 +37,6 @@ from omnidraft.core.protocol import (
     UpdateSettings,
     WorkerReady,
 )
-from omnidraft.core.secure_store import default_keystore
-from omnidraft.core.settings import load_settings, save_settings
-from omnidraft.core.worker import WorkerHandle
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (

@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from omnidraft.core import paths
 from omnidraft.core.events import TurnStats
-from omnidraft.core.persistence import CorruptStateError, atomic_write_json, read_json
+from omnidraft.core.storage import paths
+from omnidraft.core.storage.persistence import CorruptStateError, atomic_write_json, read_json
 
 FILE_NAME = "metrics_history.json"
 MAX_REPLIES = 5000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from omnidraft.core.settings import Settings
+from omnidraft.core.storage.settings import Settings
 from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from omnidraft.core.catalog import ModelEntry
+from omnidraft.core.models.catalog import ModelEntry
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QFileDialog, QMenu, QWidget

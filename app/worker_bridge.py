@@ -14,8 +14,8 @@ import contextlib
 import logging
 import time
 
-from omnidraft.core.protocol import Request
-from omnidraft.core.worker import WorkerHandle
+from omnidraft.core.worker.process import WorkerHandle
+from omnidraft.core.worker.protocol import Request
 from PySide6.QtCore import QObject, Signal
 
 log = logging.getLogger(__name__)

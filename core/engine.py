@@ -14,23 +14,23 @@ from dataclasses import dataclass
 
 import torch
 
-from . import paths
-from .adapters import AdapterStore
-from .adaptive_drafting import DraftPolicy
-from .catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
-from .chat_format import encode_chat, stop_token_ids
-from .decoding import Cancel, _never, generate_plain
-from .drafter import Drafter, DraftSettings
+from .decoding.adaptive_drafting import DraftPolicy
+from .decoding.drafter import Drafter, DraftSettings
+from .decoding.plain import Cancel, _never, generate_plain
+from .decoding.sampling import GenerationConfig
+from .decoding.speculative import SpecOptions, _text, generate_speculative
+from .decoding.vocab_bridge import NgramCache, VocabBridge
 from .events import TokenChunk, TurnFinished
-from .learner import Learner
-from .loader import LoadedModel, Progress, load, no_progress
-from .persistence import CorruptStateError
-from .protocol import LearningProgress
-from .replay_buffer import ReplayBuffer, Sample
-from .sampling import GenerationConfig
-from .secure_store import KeyUnavailableError
-from .speculative import SpecOptions, _text, generate_speculative
-from .vocab_bridge import NgramCache, VocabBridge
+from .learning.adapters import AdapterStore
+from .learning.learner import Learner
+from .learning.replay_buffer import ReplayBuffer, Sample
+from .models.catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
+from .models.chat_format import encode_chat, stop_token_ids
+from .models.loader import LoadedModel, Progress, load, no_progress
+from .storage import paths
+from .storage.persistence import CorruptStateError
+from .storage.secure_store import KeyUnavailableError
+from .worker.protocol import LearningProgress
 
 MAX_MESSAGE_CHARS = 200_000
 BASELINE_PROMPT = "Here is a short story about a lighthouse keeper and the sea.\n\n"

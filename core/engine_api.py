@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .catalog import ModelCatalog, ModelEntry
-    from .decoding import Cancel
+    from .decoding.plain import Cancel
+    from .decoding.sampling import GenerationConfig
     from .events import TokenChunk, TurnFinished
-    from .loader import LoadedModel, Progress
-    from .protocol import LearningProgress
-    from .sampling import GenerationConfig
-    from .settings import Settings
+    from .models.catalog import ModelCatalog, ModelEntry
+    from .models.loader import LoadedModel, Progress
+    from .storage.settings import Settings
+    from .worker.protocol import LearningProgress
 
 
 class EngineAPI(Protocol):

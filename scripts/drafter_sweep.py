@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-from omnidraft.core.decoding import forward
-from omnidraft.core.drafter import Drafter, DraftSettings
+from omnidraft.core.decoding.drafter import Drafter, DraftSettings
+from omnidraft.core.decoding.plain import forward
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.sampling import GenerationConfig
 from transformers import DynamicCache
 
 CANDIDATES = [

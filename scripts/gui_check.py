@@ -68,7 +68,7 @@ async def until(predicate, timeout: float) -> None:
 
 
 async def drive(window, args, shots: Path | None) -> dict:
-    from omnidraft.core.protocol import ErrorEvent, TurnDone
+    from omnidraft.core.worker.protocol import ErrorEvent, TurnDone
 
     events: list = []
     window.bridge.event.connect(events.append)
@@ -112,7 +112,7 @@ async def drive(window, args, shots: Path | None) -> dict:
         menu.grab().save(str(shots / "targets-menu.png"))
         menu.hide()
         from omnidraft.app.settings_dialog import SettingsDialog
-        from omnidraft.core import paths
+        from omnidraft.core.storage import paths
 
         dialog = SettingsDialog(window.settings, str(paths.data_dir()), window)
         dialog.show()

@@ -15,7 +15,8 @@ import random
 import tempfile
 import time
 
-from omnidraft.core.protocol import (
+from omnidraft.core.worker.process import WorkerHandle
+from omnidraft.core.worker.protocol import (
     ChatRequest,
     ErrorEvent,
     LearningProgress,
@@ -25,7 +26,6 @@ from omnidraft.core.protocol import (
     TurnDone,
     UpdateSettings,
 )
-from omnidraft.core.worker import WorkerHandle
 
 PROMPTS = [
     "Write a Python function that reverses a string.",

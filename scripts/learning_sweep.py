@@ -29,12 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from omnidraft.core.bench import bench_home, read_prompts
+from omnidraft.bench.benchmark import bench_home, read_prompts
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats
-from omnidraft.core.learner import Learner
-from omnidraft.core.replay_buffer import ReplayBuffer, Sample
-from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.learning.learner import Learner
+from omnidraft.core.learning.replay_buffer import ReplayBuffer, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 

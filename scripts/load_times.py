@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from omnidraft.core.catalog import BUNDLED
-from omnidraft.core.loader import is_complete, load, weights_folder
+from omnidraft.core.models.catalog import BUNDLED
+from omnidraft.core.models.loader import is_complete, load, weights_folder
 
 
 def main() -> None:

@@ -98,8 +98,8 @@ def kernels() -> dict:
 
 
 def target_bytes(target: str) -> dict:
-    from omnidraft.core.catalog import ModelCatalog
-    from omnidraft.core.loader import source_path
+    from omnidraft.core.models.catalog import ModelCatalog
+    from omnidraft.core.models.loader import source_path
 
     entry = ModelCatalog().get(target)
     path = source_path(entry)

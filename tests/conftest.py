@@ -30,10 +30,9 @@ for _name in ("models", "gguf"):
 def _tokenizer(entry_id: str):
     """The bundled model's real tokenizer, from its converted copy (converting the
     GGUF once serves both these fixtures and the bundled-model smoke tests)."""
+    from omnidraft.core.models.catalog import BUNDLED
+    from omnidraft.core.models.loader import weights_folder
     from transformers import AutoTokenizer
-
-    from omnidraft.core.catalog import BUNDLED
-    from omnidraft.core.loader import weights_folder
 
     return AutoTokenizer.from_pretrained(weights_folder(BUNDLED[entry_id]))
 

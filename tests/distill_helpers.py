@@ -5,8 +5,8 @@ from __future__ import annotations
 from functools import cache
 
 import torch
-from omnidraft.core.replay_buffer import Sample
-from omnidraft.core.vocab_bridge import VocabBridge
+from omnidraft.core.decoding.vocab_bridge import VocabBridge
+from omnidraft.core.learning.replay_buffer import Sample
 
 from tests.tiny import tiny_llama
 

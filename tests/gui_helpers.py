@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from omnidraft.core.protocol import TurnDone
+from omnidraft.core.worker.protocol import TurnDone
 from PySide6.QtCore import Qt
 
 WAIT_MS = 60_000  # generous: the 2-core machine is shared; real waits are ~1-5 s

@@ -5,7 +5,7 @@ import time
 
 import pytest
 import torch
-from omnidraft.core.adapters import (
+from omnidraft.core.learning.adapters import (
     CONFIG_FILE,
     LEGACY_META_FILE,
     LEGACY_WEIGHTS_FILE,
@@ -15,7 +15,7 @@ from omnidraft.core.adapters import (
     adapter_name,
     folder_name,
 )
-from omnidraft.core.secure_store import MAGIC, default_keystore
+from omnidraft.core.storage.secure_store import MAGIC, default_keystore
 from safetensors.torch import save as safetensors_bytes
 
 from tests.tiny import tiny_llama
@@ -247,7 +247,7 @@ def test_damaged_counters_are_set_aside_and_the_weights_kept(tmp_path, store, ba
 
 def test_an_adapter_under_another_key_is_left_untouched(tmp_path, store):
     from keyring.backends.fail import Keyring
-    from omnidraft.core.secure_store import KeyStore
+    from omnidraft.core.storage.secure_store import KeyStore
 
     root = tmp_path / "adapters"
     store.activate("t")

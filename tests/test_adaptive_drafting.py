@@ -4,17 +4,17 @@ drafter, learned from this target's own verification outcomes."""
 import json
 
 import pytest
-from omnidraft.core.adaptive_drafting import (
+from omnidraft.core.decoding.adaptive_drafting import (
     DRAFTER,
     EXPLORE_EVERY,
     MIN_STEPS,
     DraftPolicy,
     lookup_source,
 )
-from omnidraft.core.persistence import CorruptStateError
-from omnidraft.core.sampling import GenerationConfig
-from omnidraft.core.secure_store import MAGIC, save_encrypted
-from omnidraft.core.speculative import SpecOptions, generate_speculative
+from omnidraft.core.decoding.sampling import GenerationConfig
+from omnidraft.core.decoding.speculative import SpecOptions, generate_speculative
+from omnidraft.core.storage.persistence import CorruptStateError
+from omnidraft.core.storage.secure_store import MAGIC, save_encrypted
 
 from tests.test_speculative import PROMPTS, _run_plain, cross  # noqa: F401 - fixture
 

@@ -8,10 +8,10 @@ import sys
 import textwrap
 
 import pytest
-from omnidraft.core.catalog import DEFAULT_TARGET, SMOLLM2_ID
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.models.catalog import DEFAULT_TARGET, SMOLLM2_ID
 
 CASES = [
     (

@@ -4,11 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-from omnidraft.core import bench
-from omnidraft.core.decoding import Cancel, _never
+from omnidraft.bench import benchmark as bench
+from omnidraft.core.decoding.plain import Cancel, _never
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats
-from omnidraft.core.sampling import GenerationConfig
 
 from tests.tiny import tiny_llama
 
@@ -128,7 +128,7 @@ def test_trim_and_first_difference():
 
 
 def test_temporary_home_links_the_real_cache_and_is_removed(home):
-    from omnidraft.core import paths
+    from omnidraft.core.storage import paths
 
     real_cache = paths.cache_dir()
     with bench.bench_home(None):
@@ -142,8 +142,8 @@ def test_temporary_home_links_the_real_cache_and_is_removed(home):
 def test_uag_with_a_different_vocabulary_drafter(
     tiny_target, prompts_file, tmp_path, gemma_tok, monkeypatch
 ):
-    from omnidraft.core.catalog import ModelEntry
-    from omnidraft.core.loader import LoadedModel
+    from omnidraft.core.models.catalog import ModelEntry
+    from omnidraft.core.models.loader import LoadedModel
 
     from tests.tiny import tiny_gemma3
 
@@ -167,8 +167,8 @@ def test_uag_with_a_different_vocabulary_drafter(
 
 
 def test_uag_gets_a_private_copy_of_the_engines_drafter(home):
-    from omnidraft.core.catalog import ModelEntry
-    from omnidraft.core.loader import LoadedModel
+    from omnidraft.core.models.catalog import ModelEntry
+    from omnidraft.core.models.loader import LoadedModel
 
     engine = Engine()
     model = tiny_llama(64)
@@ -201,7 +201,7 @@ def test_omnidraft_on_gemma_is_lossless_when_greedy(tmp_path):
 
 
 def test_state_dir_is_kept_and_reuses_the_cache(home, tmp_path):
-    from omnidraft.core import paths
+    from omnidraft.core.storage import paths
 
     real_cache = paths.cache_dir()
     state = tmp_path / "state"

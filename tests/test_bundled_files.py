@@ -7,8 +7,8 @@ import os
 import sys
 
 import pytest
-from omnidraft.core.bundled_models import QWEN_CODER_15B, BundledFileError, SplitGGUF
-from omnidraft.core.catalog import (
+from omnidraft.core.models.bundled_models import QWEN_CODER_15B, BundledFileError, SplitGGUF
+from omnidraft.core.models.catalog import (
     BUNDLED,
     DEFAULT_TARGET,
     GEMMA_ID,
@@ -103,7 +103,7 @@ def test_catalog_has_the_qwen_targets_and_starts_on_the_larger(home):
     assert set(BUNDLED) == {QWEN15_ID, QWEN05_ID, GEMMA_ID, SMOLLM2_ID}
     assert BUNDLED[QWEN15_ID].size_bytes == QWEN_CODER_15B.size
     assert "base" in BUNDLED[GEMMA_ID].description and "drafter" in BUNDLED[SMOLLM2_ID].description
-    from omnidraft.core.settings import Settings
+    from omnidraft.core.storage.settings import Settings
 
     assert Settings().last_target == QWEN15_ID
 

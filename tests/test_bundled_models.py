@@ -2,9 +2,11 @@
 converted-weights cache survives interruption (integration)."""
 
 import pytest
-
-from omnidraft.core import loader
-from omnidraft.core.catalog import (
+from omnidraft.core.decoding.sampling import GenerationConfig
+from omnidraft.core.engine import Engine
+from omnidraft.core.events import TurnFinished
+from omnidraft.core.models import loader
+from omnidraft.core.models.catalog import (
     BUNDLED,
     GEMMA_ID,
     QWEN05_ID,
@@ -13,9 +15,6 @@ from omnidraft.core.catalog import (
     ModelCatalog,
     bundled_path,
 )
-from omnidraft.core.engine import Engine
-from omnidraft.core.events import TurnFinished
-from omnidraft.core.sampling import GenerationConfig
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,15 @@
 import json
 
 import pytest
-
-from omnidraft.core.catalog import BUNDLED, GEMMA_ID, QWEN05_ID, QWEN15_ID, SMOLLM2_ID, ModelCatalog, ModelError
+from omnidraft.core.models.catalog import (
+    BUNDLED,
+    GEMMA_ID,
+    QWEN05_ID,
+    QWEN15_ID,
+    SMOLLM2_ID,
+    ModelCatalog,
+    ModelError,
+)
 
 
 def test_bundled_entries_are_listed(home):
@@ -46,7 +53,7 @@ def test_user_entries_persist_and_can_be_removed(home, tmp_path, smol_tok):
 
 
 def test_too_large_for_memory(home, tmp_path, smol_tok, monkeypatch):
-    import omnidraft.core.catalog as catalog_mod
+    import omnidraft.core.models.catalog as catalog_mod
 
     folder = tmp_path / "big"
     _hf_dir(folder, {"model_type": "llama"})

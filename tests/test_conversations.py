@@ -3,10 +3,10 @@
 import keyring
 import pytest
 from keyring.backends import fail
-from omnidraft.core import secure_store
-from omnidraft.core.conversations import DEFAULT_TITLE, ConversationStore, title_from
-from omnidraft.core.paths import data_dir
-from omnidraft.core.secure_store import KeyStore, save_encrypted
+from omnidraft.core.storage import secure_store
+from omnidraft.core.storage.conversations import DEFAULT_TITLE, ConversationStore, title_from
+from omnidraft.core.storage.paths import data_dir
+from omnidraft.core.storage.secure_store import KeyStore, save_encrypted
 
 
 @pytest.fixture(autouse=True)

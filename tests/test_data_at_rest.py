@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from omnidraft.core import paths
-from omnidraft.core.adapters import LEGACY_META_FILE, META_FILE
-from omnidraft.core.conversations import ConversationStore
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import (
     NGRAM_FILE,
     NGRAM_LEGACY,
@@ -20,8 +18,10 @@ from omnidraft.core.engine import (
     Engine,
 )
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.sampling import GenerationConfig
-from omnidraft.core.secure_store import save_encrypted
+from omnidraft.core.learning.adapters import LEGACY_META_FILE, META_FILE
+from omnidraft.core.storage import paths
+from omnidraft.core.storage.conversations import ConversationStore
+from omnidraft.core.storage.secure_store import save_encrypted
 
 from tests.test_engine_learning import PROMPTS, learning_engine, tiny_target
 
@@ -184,7 +184,7 @@ def test_a_crash_between_the_adapter_saves_renames_loses_nothing(home, target_di
 
 def test_state_under_another_key_is_left_untouched(home, target_dir, tmp_path):
     from keyring.backends.fail import Keyring
-    from omnidraft.core.secure_store import KeyStore
+    from omnidraft.core.storage.secure_store import KeyStore
 
     engine = _engine(target_dir)
     _chat(engine, PROMPTS[0])

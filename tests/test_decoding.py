@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
-from omnidraft.core.chat_format import encode_chat, encode_text, stop_token_ids
-from omnidraft.core.decoding import generate_plain
+from omnidraft.core.decoding.plain import generate_plain
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.events import TokenChunk, TurnFinished
-from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.models.chat_format import encode_chat, encode_text, stop_token_ids
+
 from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen2
 
 PROMPT = "def fibonacci(n):\n    "

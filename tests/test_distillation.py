@@ -3,9 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from omnidraft.core.adapters import AdapterStore, adapter_name
-from omnidraft.core.distillation import clip_sample, hybrid_loss, split_segments
-from omnidraft.core.vocab_bridge import VocabBridge
+from omnidraft.core.decoding.vocab_bridge import VocabBridge
+from omnidraft.core.learning.adapters import AdapterStore, adapter_name
+from omnidraft.core.learning.distillation import clip_sample, hybrid_loss, split_segments
 
 from tests.distill_helpers import PROMPT, REPLIES, cross_bridge, learnable_drafter, make_sample
 from tests.tiny import tiny_gemma3, tiny_llama

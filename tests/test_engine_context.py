@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omnidraft.core.catalog import ModelCatalog
-from omnidraft.core.chat_format import encode_chat
-from omnidraft.core.drafter import Drafter, DraftSettings
+from omnidraft.core.decoding.drafter import Drafter, DraftSettings
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import MAX_MESSAGE_CHARS, Engine, InputError, LearnSettings
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.models.catalog import ModelCatalog
+from omnidraft.core.models.chat_format import encode_chat
 
 from tests.tiny import tiny_gemma3
 

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from omnidraft.core.catalog import ModelCatalog
+from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.sampling import GenerationConfig
+from omnidraft.core.models.catalog import ModelCatalog
+
 from tests.tiny import tiny_gemma3
 
 PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
@@ -109,7 +109,7 @@ def test_a_request_during_the_drafter_refresh_does_not_wait_for_it(home, target_
     for p in PROMPTS:
         _reply(engine, p, speculative=True)
     before = engine._drafter.net.layers[0][1].clone()
-    request_at_refresh = lambda: engine._drafter_stale  # noqa: E731 - set just before the refresh
+    request_at_refresh = lambda: engine._drafter_stale
     while not engine._drafter_stale:
         assert engine.idle_step(should_stop=request_at_refresh).state == "running"
     assert torch.equal(engine._drafter.net.layers[0][1], before)  # still the old weights

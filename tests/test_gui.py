@@ -20,10 +20,10 @@ from omnidraft.app.main_window import NOTES, MainWindow
 from omnidraft.app.markdown_blocks import align, split_segments, tint_ranges
 from omnidraft.app.message_widget import MessageWidget, mask_from_runs, runs_from_mask
 from omnidraft.app.metrics_history import MetricsHistory, rolling_mean
-from omnidraft.core.catalog import ModelEntry
-from omnidraft.core.conversations import ConversationStore
 from omnidraft.core.events import TurnStats
-from omnidraft.core.protocol import (
+from omnidraft.core.models.catalog import ModelEntry
+from omnidraft.core.storage.conversations import ConversationStore
+from omnidraft.core.worker.protocol import (
     AddModel,
     ErrorEvent,
     LearningProgress,
@@ -325,7 +325,7 @@ def test_rename_and_delete_chats(window, qtbot, monkeypatch):
 
 def test_settings_change_reaches_window_and_disk(window, qtbot):
     from omnidraft.app.settings_dialog import SettingsDialog
-    from omnidraft.core.settings import load_settings
+    from omnidraft.core.storage.settings import load_settings
 
     idle(qtbot, window)
     dialog = SettingsDialog(window.settings, "/somewhere", window)
@@ -513,7 +513,7 @@ def test_window_restores_saved_chart_history(home, qapp, qt_loop):
 
 
 def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop):
-    from omnidraft.core import paths
+    from omnidraft.core.storage import paths
 
     win = MainWindow(handle=IdleWorker())
     try:
@@ -546,7 +546,7 @@ def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop)
 
 
 def test_clear_all_data_keeps_only_the_key(home, qapp, qt_loop):
-    from omnidraft.core import paths
+    from omnidraft.core.storage import paths
 
     win = MainWindow(handle=IdleWorker())
     try:

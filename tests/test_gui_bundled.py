@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 from omnidraft.app.main_window import MainWindow
-from omnidraft.core.catalog import QWEN05_ID, QWEN15_ID, SMOLLM2_ID
-from omnidraft.core.protocol import LearningProgress
+from omnidraft.core.models.catalog import QWEN05_ID, QWEN15_ID, SMOLLM2_ID
+from omnidraft.core.worker.protocol import LearningProgress
 
 from tests.gui_helpers import WAIT_MS, Recorder, dispose, send, turn
 

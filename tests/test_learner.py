@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 from keyring.backends import fail
-from omnidraft.core.adapters import AdapterStore
-from omnidraft.core.learner import Learner
-from omnidraft.core.replay_buffer import ReplayBuffer
-from omnidraft.core.secure_store import KeyStore
+from omnidraft.core.learning.adapters import AdapterStore
+from omnidraft.core.learning.learner import Learner
+from omnidraft.core.learning.replay_buffer import ReplayBuffer
+from omnidraft.core.storage.secure_store import KeyStore
 
 from tests.distill_helpers import PROMPT, REPLIES, cross_bridge, learnable_drafter, make_sample
 from tests.tiny import tiny_gemma3
@@ -154,7 +154,8 @@ def test_should_stop_interrupts_the_backward(parts):
 
 
 def test_interruption_points_change_no_number(parts, monkeypatch):
-    from omnidraft.core import distillation, learner as learner_module
+    from omnidraft.core.learning import distillation
+    from omnidraft.core.learning import learner as learner_module
 
     make, _, store, samples = parts
     learner = make()
@@ -163,7 +164,7 @@ def test_interruption_points_change_no_number(parts, monkeypatch):
         plain, plain_stats = learner.sample_loss(model, samples[0])
         monkeypatch.setattr(learner_module._SlicedHead, "ROWS", 3)
         monkeypatch.setattr(distillation, "ROWS_PER_SLICE", 2)
-        check = lambda: None  # noqa: E731
+        check = lambda: None
         hooks = learner_module._stop_hooks(learner.drafter_model, check)
         hooks += learner_module._stop_hooks(learner.target_model, check)
         try:

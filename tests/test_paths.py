@@ -1,4 +1,4 @@
-from omnidraft.core import paths
+from omnidraft.core.storage import paths
 
 
 def test_everything_lives_under_omnidraft_home(home):
@@ -31,8 +31,8 @@ def test_a_root_left_open_by_an_older_version_is_closed(home):
 
 def test_clear_data_removes_every_file_but_the_key(home):
     from keyring.backends.fail import Keyring
-    from omnidraft.core.conversations import ConversationStore
-    from omnidraft.core.secure_store import KeyStore
+    from omnidraft.core.storage.conversations import ConversationStore
+    from omnidraft.core.storage.secure_store import KeyStore
 
     data = paths.data_dir()
     keys = KeyStore(data, Keyring())  # the key-file fallback: a "key" file in the data folder

@@ -4,8 +4,8 @@ import json
 
 import pytest
 from keyring.backends import fail
-from omnidraft.core.replay_buffer import ReplayBuffer, Sample
-from omnidraft.core.secure_store import KeyStore, save_encrypted
+from omnidraft.core.learning.replay_buffer import ReplayBuffer, Sample
+from omnidraft.core.storage.secure_store import KeyStore, save_encrypted
 
 SECRET = " my bank PIN is 4417 and my diary says I love marmalade"
 

@@ -8,10 +8,10 @@ import pytest
 from keyring.backend import KeyringBackend
 from keyring.backends import fail
 from keyring.errors import PasswordSetError
-from omnidraft.core import secure_store
-from omnidraft.core.paths import data_dir
-from omnidraft.core.persistence import CorruptStateError
-from omnidraft.core.secure_store import (
+from omnidraft.core.storage import secure_store
+from omnidraft.core.storage.paths import data_dir
+from omnidraft.core.storage.persistence import CorruptStateError
+from omnidraft.core.storage.secure_store import (
     KEYRING_NAME,
     KEYRING_SERVICE,
     KeyStore,

@@ -4,7 +4,7 @@ import json
 import os
 
 import pytest
-from omnidraft.core.settings import Settings, load_settings, save_settings, settings_path
+from omnidraft.core.storage.settings import Settings, load_settings, save_settings, settings_path
 
 
 def test_defaults():

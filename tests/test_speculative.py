@@ -3,16 +3,16 @@ random models with the two real tokenizers), sampling, cancellation."""
 
 import pytest
 import torch
-
-from omnidraft.core.decoding import generate_plain
-from omnidraft.core.drafter import Drafter, DraftSettings
+from omnidraft.core.decoding.drafter import Drafter, DraftSettings
+from omnidraft.core.decoding.plain import generate_plain
+from omnidraft.core.decoding.sampling import GenerationConfig
+from omnidraft.core.decoding.speculative import SpecOptions, generate_speculative
+from omnidraft.core.decoding.vocab_bridge import VocabBridge
 from omnidraft.core.events import TokenChunk, TurnFinished
-from omnidraft.core.lean_llama import LeanLlama
-from omnidraft.core.loader import LoadedModel
-from omnidraft.core.catalog import ModelEntry
-from omnidraft.core.sampling import GenerationConfig
-from omnidraft.core.speculative import SpecOptions, generate_speculative
-from omnidraft.core.vocab_bridge import VocabBridge
+from omnidraft.core.models.catalog import ModelEntry
+from omnidraft.core.models.lean_llama import LeanLlama
+from omnidraft.core.models.loader import LoadedModel
+
 from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen2
 
 PROMPTS = [

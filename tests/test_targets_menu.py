@@ -1,7 +1,7 @@
 """The Targets menu tells a user what each model is and how big it is."""
 
 from omnidraft.app.targets_menu import TargetsMenu, entry_label
-from omnidraft.core.catalog import BUNDLED, DEFAULT_TARGET, GEMMA_ID, SMOLLM2_ID, ModelEntry
+from omnidraft.core.models.catalog import BUNDLED, DEFAULT_TARGET, GEMMA_ID, SMOLLM2_ID, ModelEntry
 
 
 def test_bundled_entries_show_size_and_what_they_are(qapp):

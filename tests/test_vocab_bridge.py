@@ -4,9 +4,9 @@
 import json
 
 import pytest
-from omnidraft.core.persistence import CorruptStateError
-from omnidraft.core.secure_store import MAGIC, save_encrypted
-from omnidraft.core.vocab_bridge import NgramCache, VocabBridge, align
+from omnidraft.core.decoding.vocab_bridge import NgramCache, VocabBridge, align
+from omnidraft.core.storage.persistence import CorruptStateError
+from omnidraft.core.storage.secure_store import MAGIC, save_encrypted
 
 
 @pytest.fixture(scope="module")

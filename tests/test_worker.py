@@ -12,10 +12,12 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-from omnidraft.core.decoding import Cancel, _never
+from omnidraft.core.decoding.plain import Cancel, _never
 from omnidraft.core.engine import Engine
 from omnidraft.core.engine_api import EngineAPI
-from omnidraft.core.protocol import (
+from omnidraft.core.storage.settings import Settings
+from omnidraft.core.worker.process import WorkerHandle, WorkerLoop, _Batcher
+from omnidraft.core.worker.protocol import (
     AddModel,
     CancelRequest,
     CatalogChanged,
@@ -34,8 +36,6 @@ from omnidraft.core.protocol import (
     UpdateSettings,
     WorkerReady,
 )
-from omnidraft.core.settings import Settings
-from omnidraft.core.worker import WorkerHandle, WorkerLoop, _Batcher
 
 from tests.tiny import tiny_llama
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from ..events import TokenChunk, TurnFinished, TurnStats
 from .adaptive_drafting import DRAFTER, DraftPolicy, lookup_source
-from .decoding import Cancel, ReplyStream, _never, forward
 from .drafter import Drafter
-from .events import TokenChunk, TurnFinished, TurnStats
+from .plain import Cancel, ReplyStream, _never, forward
 from .prompt_lookup import lookup
 from .sampling import GenerationConfig, pick
 from .verification import verify_greedy, verify_sampling

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from .vocab_bridge import DirectMap, VocabBridge, align
+from ..decoding.vocab_bridge import DirectMap, VocabBridge, align
 
 if TYPE_CHECKING:
     from .replay_buffer import Sample

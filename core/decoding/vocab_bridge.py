@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .persistence import CorruptStateError
-from .secure_store import KeyStore, load_or_migrate, save_encrypted
+from ..storage.persistence import CorruptStateError
+from ..storage.secure_store import KeyStore, load_or_migrate, save_encrypted
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .persistence import CorruptStateError
-from .secure_store import KeyStore, load_or_migrate, save_encrypted
+from ..storage.persistence import CorruptStateError
+from ..storage.secure_store import KeyStore, load_or_migrate, save_encrypted
 
 DRAFTER = "drafter"
 MIN_STEPS = 20.0  # decayed steps a source needs before its figure is trusted

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths
-from .persistence import partial_path, remove_stale_partials
+from ..storage import paths
+from ..storage.persistence import partial_path, remove_stale_partials
 
 Progress = Callable[[str, float], None]  # (stage description, fraction 0..1)
 _CHUNK = 8 << 20  # 8 MiB: big enough for full disk speed, small enough to never matter for memory

@@ -3,7 +3,7 @@
 OMNIDRAFT.md section 2: every served turn is appended; every I prompts the
 learner makes one pass over the buffer and clears it. The samples are the
 user's own conversation (token ids decode straight back to text), so the file
-is encrypted with core.secure_store and written atomically. Bounded: when full
+is encrypted with core.storage.secure_store and written atomically. Bounded: when full
 the oldest sample is dropped. A damaged file never stops the app: it is moved
 aside and an empty buffer is used, with `warning` saying so.
 """
@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .persistence import CorruptStateError
-from .secure_store import KeyStore, KeyUnavailableError, load_encrypted, save_encrypted
+from ..storage.persistence import CorruptStateError
+from ..storage.secure_store import KeyStore, KeyUnavailableError, load_encrypted, save_encrypted
 
 FORMAT_VERSION = 1
 

@@ -17,7 +17,7 @@ import platformdirs
 APP_NAME = "omnidraft"
 HOME_ENV = "OMNIDRAFT_HOME"
 PRIVATE_DIR_MODE = 0o700
-# The fallback encryption key file (core.secure_store.KEY_FILE_NAME; named here
+# The fallback encryption key file (core.storage.secure_store.KEY_FILE_NAME; named here
 # because secure_store imports this module).
 KEY_FILE_NAME = "key"
 

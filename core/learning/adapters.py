@@ -16,7 +16,7 @@ replaces the old one by rename, so a crash leaves either the old adapter or
 the new one, never half of each (the previous version waits as .<name>.old
 between the two renames and is restored from there after a crash).
 
-The weights and our counters are encrypted with the data key (core.secure_store):
+The weights and our counters are encrypted with the data key (core.storage.secure_store):
 the weights are learned from the user's chats. Only peft's adapter_config.json
 (rank, alpha, module names) stays plaintext. Adapters saved as plaintext by
 older versions are read once and rewritten encrypted.
@@ -39,9 +39,9 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
-from . import paths
-from .persistence import CorruptStateError, _fsync_dir
-from .secure_store import KeyStore, KeyUnavailableError, default_keystore
+from ..storage import paths
+from ..storage.persistence import CorruptStateError, _fsync_dir
+from ..storage.secure_store import KeyStore, KeyUnavailableError, default_keystore
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 WEIGHTS_FILE = "weights.bin"  # safetensors bytes, encrypted

@@ -22,10 +22,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..decoding.vocab_bridge import VocabBridge
 from .adapters import AdapterStore
 from .distillation import LAMBDA, clip_sample, hybrid_loss
 from .replay_buffer import ReplayBuffer, Sample
-from .vocab_bridge import VocabBridge
 
 StopCheck = Callable[[], bool]
 Check = Callable[[], None]  # raises _Interrupted when a request is waiting

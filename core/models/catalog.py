@@ -14,7 +14,8 @@ from pathlib import Path
 
 import psutil
 
-from . import paths
+from ..storage import paths
+from ..storage.persistence import CorruptStateError, atomic_write_json, read_json
 from .bundled_models import (
     QWEN_CODER_05B,
     QWEN_CODER_15B,
@@ -24,7 +25,6 @@ from .bundled_models import (
     no_progress,
     smollm2_gguf,
 )
-from .persistence import CorruptStateError, atomic_write_json, read_json
 
 SMOLLM2_ID = "smollm2-135m-instruct"
 GEMMA_ID = "gemma-3-270m"

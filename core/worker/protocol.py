@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .catalog import ModelEntry
-from .events import TurnStats
+from ..events import TurnStats
+from ..models.catalog import ModelEntry
 
 # ----------------------------------------------------------------- requests
 
@@ -70,7 +70,7 @@ class ResetPersonalization:
 @dataclass
 class UpdateSettings:
     request_id: int
-    settings: dict  # keys of core.settings.Settings
+    settings: dict  # keys of core.storage.settings.Settings
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..models.catalog import DEFAULT_TARGET
 from . import paths
-from .catalog import DEFAULT_TARGET
 from .persistence import CorruptStateError, atomic_write_json, read_json
 
 # (low, high) for each numeric setting. adaptive_gamma is the stop threshold γ of

@@ -2,7 +2,7 @@
 
 The worker owns one Engine (target, drafter, caches, learner) in a separate
 "spawn" process, so a crash, an out-of-memory kill or a long model load never
-freezes or takes down the GUI. It reads typed requests (core.protocol) from one
+freezes or takes down the GUI. It reads typed requests (core.worker.protocol) from one
 queue and writes typed events to another:
 
 * ChatRequest -> TokenBatch* (text batched every ~30 ms), then exactly one TurnDone
@@ -12,7 +12,7 @@ queue and writes typed events to another:
 * After `idle_delay_s` without a request, learning runs one short step at a time
   (engine.idle_step(should_stop)), which gives way at its next layer boundary once
   a request waits, so a new request starts within a fraction of a second.
-* Every event that answers a request carries that request's id (core.protocol).
+* Every event that answers a request carries that request's id (core.worker.protocol).
 
 The engine is used through core.engine_api.EngineAPI, called directly, never probed.
 
@@ -33,8 +33,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .engine_api import EngineAPI
-from .paths import HOME_ENV
+from ..engine_api import EngineAPI
+from ..storage.paths import HOME_ENV
+from ..storage.settings import Settings
 from .protocol import (
     AddModel,
     CancelRequest,
@@ -57,12 +58,11 @@ from .protocol import (
     UpdateSettings,
     WorkerReady,
 )
-from .settings import Settings
 
 if TYPE_CHECKING:
-    from .catalog import ModelEntry
-    from .events import TokenChunk, TurnFinished
-    from .sampling import GenerationConfig
+    from ..decoding.sampling import GenerationConfig
+    from ..events import TokenChunk, TurnFinished
+    from ..models.catalog import ModelEntry
 
 BATCH_INTERVAL_S = 0.03
 # How often the loop wakes while waiting, to notice that the idle delay has passed.
@@ -270,7 +270,7 @@ class WorkerLoop:
         return target.entry.id if target is not None else None
 
     def _switch_target(self, request: SwitchTarget) -> None:
-        from .catalog import ModelError
+        from ..models.catalog import ModelError
 
         def progress(stage: str, fraction: float) -> None:
             self.emit(ModelLoading(request.request_id, request.model_id, stage, fraction))
@@ -294,7 +294,7 @@ class WorkerLoop:
         )
 
     def _add_model(self, request: AddModel) -> None:
-        from .catalog import ModelError
+        from ..models.catalog import ModelError
 
         try:
             entry = self.engine.catalog.add(request.path)
@@ -312,10 +312,10 @@ class WorkerLoop:
     # ------------------------------------------------------------------ chat
 
     def _chat(self, request: ChatRequest) -> None:
-        from .catalog import ModelError
-        from .engine import InputError
-        from .events import TokenChunk, TurnFinished
-        from .sampling import GenerationConfig
+        from ..decoding.sampling import GenerationConfig
+        from ..engine import InputError
+        from ..events import TokenChunk, TurnFinished
+        from ..models.catalog import ModelError
 
         batcher = _Batcher(self.emit, request.request_id)
         cancelled = False
@@ -421,7 +421,7 @@ def worker_main(requests: Any, events: Any, home: str | None = None, threads: in
         torch.set_num_interop_threads(1)
     except RuntimeError:  # already set (only allowed once per process)
         pass
-    from .engine import Engine
+    from ..engine import Engine
 
     try:
         engine = Engine()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lean_llama import LeanLlama
+from ..models.lean_llama import LeanLlama
 from .sampling import GenerationConfig, probabilities
 from .vocab_bridge import token_bytes
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from . import paths
+from ..storage import paths
+from ..storage.persistence import partial_path, remove_stale_partials
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
-from .persistence import partial_path, remove_stale_partials
 
 _COMPLETE = "omnidraft-converted.json"
 CONVERTED_FORMAT = 1

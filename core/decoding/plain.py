@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers import DynamicCache
 
-from .events import TokenChunk, TurnFinished, TurnStats
+from ..events import TokenChunk, TurnFinished, TurnStats
 from .sampling import GenerationConfig, pick
 
 Cancel = Callable[[], bool]

@@ -36,15 +36,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
-
-from . import paths
-from .catalog import SMOLLM2_ID, ModelCatalog, ModelError
-from .chat_format import encode_chat, stop_token_ids
-from .engine import Engine, InputError
-from .engine_api import EngineAPI
-from .events import TurnFinished, TurnStats
-from .loader import LoadedModel, load
-from .sampling import GenerationConfig
+from omnidraft.core.decoding.sampling import GenerationConfig
+from omnidraft.core.engine import Engine, InputError
+from omnidraft.core.engine_api import EngineAPI
+from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, ModelError
+from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
+from omnidraft.core.models.loader import LoadedModel, load
+from omnidraft.core.storage import paths
 
 METHODS = ("target", "hf", "uag", "omnidraft")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -1,0 +1,5 @@
+import sys
+
+from omnidraft.bench.benchmark import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Decoding: plain and speculative loops, the drafter, the vocabulary bridge, verification, sampling."""

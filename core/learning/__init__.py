@@ -1,0 +1,1 @@
+"""Learning: the replay buffer, distillation losses, per-target LoRA adapters, the idle-time learner."""

@@ -1,0 +1,1 @@
+"""Storage: data folders, atomic and encrypted files, conversations, settings."""

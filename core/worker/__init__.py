@@ -1,0 +1,1 @@
+"""The engine process and the typed protocol the GUI speaks with it."""
