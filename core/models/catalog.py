@@ -98,8 +98,14 @@ def bundled_path(entry_id: str, progress: Progress = no_progress) -> Path:
 
 # --------------------------------------------------------------------------- validation
 
+def memory_needed(n_params: int) -> int:
+    """Bytes of memory a model needs here: its weights as bf16 (GGUF files are
+    de-quantized on load) plus headroom."""
+    return int(n_params * 2 * _MEMORY_HEADROOM)
+
+
 def _check_memory(n_params: int, where: Path) -> None:
-    need = int(n_params * 2 * _MEMORY_HEADROOM)  # bf16 weights
+    need = memory_needed(n_params)
     free = psutil.virtual_memory().available
     if need > free:
         raise ModelError(
