@@ -73,16 +73,16 @@ async def drive(window, args, shots: Path | None) -> dict:
     events: list = []
     window.bridge.event.connect(events.append)
     started = time.monotonic()
-    await until(lambda: window.current_target is not None
+    await until(lambda: window.targets.current is not None
                 or any(isinstance(e, ErrorEvent) for e in events), args.timeout)
-    if window.current_target is None:
+    if window.targets.current is None:
         raise SystemExit(f"the model did not load: {[e.message for e in events if isinstance(e, ErrorEvent)]}")
     load_s = time.monotonic() - started
     turns = []
     for prompt in args.prompt or ["Write a short Python function that reverses a string, and explain it."]:
         window.chat.composer.setPlainText(prompt)
         window.chat._submit()
-        request_id = window.active.request_id
+        request_id = window.session.active.request_id
         await until(lambda rid=request_id: any(isinstance(e, TurnDone) and e.request_id == rid
                                                for e in events), args.timeout)
         done = next(e for e in events if isinstance(e, TurnDone) and e.request_id == request_id)
@@ -92,11 +92,11 @@ async def drive(window, args, shots: Path | None) -> dict:
             "baseline_tokens_per_s": done.baseline_tokens_per_s})
     learning = None
     if args.learn_seconds > 0:
-        window.learn_now()
+        window.learning.learn_now()
         await asyncio.sleep(args.learn_seconds)
-        points = window.history.learning_for(window.current_target)
+        points = window.history.learning_for(window.targets.current)
         learning = {"points": len(points), "last": points[-1].__dict__ if points else None,
-                    "state": window.learning_state}
+                    "state": window.learning.state}
     await asyncio.sleep(0.5)  # let the last layout settle
     stall = window.stall  # read before the screenshots: grabbing a window is our own stall
     stall_ms = {"worst_overall": round(stall.max_stall_ms, 1),
@@ -120,7 +120,7 @@ async def drive(window, args, shots: Path | None) -> dict:
         dialog.grab().save(str(shots / "settings.png"))
         dialog.close()
     return {
-        "target": window.current_target,
+        "target": window.targets.current,
         "load_seconds": round(load_s, 1),
         "turns": turns,
         "learning": learning,

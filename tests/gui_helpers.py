@@ -42,7 +42,7 @@ def dispose(qapp, widget) -> None:
 
 
 def idle(qtbot, win) -> None:
-    qtbot.waitUntil(lambda: win.active is None and win.current_target is not None, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: win.session.active is None and win.targets.current is not None, timeout=WAIT_MS)
 
 
 def send(qtbot, win, text: str, max_tokens: int = SHORT_REPLY) -> int:
@@ -51,8 +51,8 @@ def send(qtbot, win, text: str, max_tokens: int = SHORT_REPLY) -> int:
     win.apply_settings({"max_new_tokens": max_tokens})
     qtbot.keyClicks(win.chat.composer, text)
     qtbot.keyClick(win.chat.composer, Qt.Key.Key_Return)
-    assert win.active is not None, "Enter did not send"
-    return win.active.request_id
+    assert win.session.active is not None, "Enter did not send"
+    return win.session.active.request_id
 
 
 def turn(qtbot, win, request_id: int) -> TurnDone:

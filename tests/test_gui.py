@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 
 import pytest
-from omnidraft.app.main_window import NOTES, MainWindow
+from omnidraft.app.chat_session import NOTES
+from omnidraft.app.main_window import MainWindow
 from omnidraft.app.markdown_blocks import align, split_segments, tint_ranges
 from omnidraft.app.message_widget import MessageWidget, mask_from_runs, runs_from_mask
 from omnidraft.app.metrics_history import MetricsHistory, rolling_mean
@@ -29,6 +30,8 @@ from omnidraft.core.worker.protocol import (
     LearningProgress,
     ModelLoaded,
     ModelLoading,
+    Notice,
+    ResetPersonalization,
     SwitchTarget,
     TokenBatch,
     TurnDone,
@@ -76,7 +79,7 @@ def window(gui_home, tiny_models, qt_loop, qapp):
     win.show()
     win.start()
     bot = QtBot(None)
-    bot.waitUntil(lambda: win.current_target is not None, timeout=WAIT_MS)
+    bot.waitUntil(lambda: win.targets.current is not None, timeout=WAIT_MS)
     yield win
     if not win._closed:
         win.close()
@@ -90,20 +93,21 @@ def window(gui_home, tiny_models, qt_loop, qapp):
 def test_window_opens_on_the_requested_target(window, tiny_models):
     assert "OmniDraft" in window.windowTitle()
     assert window.recorder.of(ModelLoaded)
-    assert window.targets_menu.checked_id() == window.current_target
-    assert window.progress.isHidden()
-    # Where no keyring exists the key-file fallback is said visibly.
-    if window.keys.fallback_warning:
-        assert "encrypt" in window.banner.text()
+    assert window.targets_menu.checked_id() == window.targets.current
+    assert window.targets_menu.path_of(window.targets.current) == tiny_models[0]
+    assert window.targets.progress.isHidden()
+    # Tests run without a keyring: the key-file fallback is said visibly.
+    assert window.keys.fallback_warning
+    assert "encrypt" in window.banner.text()
 
 
 def test_chat_round_trip(window, qtbot):
-    window.new_chat()
+    window.pane.new_chat()
     replies_before = len(window.history.replies)
     qtbot.keyClicks(window.chat.composer, "first line")
     qtbot.keyClick(window.chat.composer, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
     assert window.chat.composer.toPlainText() == "first line\n"  # Shift+Enter: newline only
-    assert window.active is None
+    assert window.session.active is None
     window.chat.composer.clear()
 
     request_id = send(qtbot, window, "Hello, who are you?")
@@ -116,7 +120,7 @@ def test_chat_round_trip(window, qtbot):
     assert [m.role for m in shown] == ["user", "assistant"]
     assert shown[1].raw == done.text
     assert not window.chat.busy and window.chat.send_button.text() == "Send"
-    conv = window.store.get(window.current_conv)
+    conv = window.store.get(window.pane.current_conv)
     assert [m["role"] for m in conv.messages] == ["user", "assistant"]
     assert conv.messages[0]["content"] == "Hello, who are you?"
     assert conv.messages[1]["content"] == done.text
@@ -125,16 +129,16 @@ def test_chat_round_trip(window, qtbot):
     # TurnDone recorded in the charts with the engine's own numbers.
     assert len(window.history.replies) == replies_before + 1
     recorded = window.history.replies[-1]
-    assert recorded.model_id == done.model_id == window.current_target
+    assert recorded.model_id == done.model_id == window.targets.current
     assert recorded.new_tokens == done.stats.new_tokens
     assert recorded.tokens_per_s == pytest.approx(done.stats.tokens_per_s)
-    if done.baseline_tokens_per_s is None:
-        assert recorded.speedup is None  # never assumed
+    assert done.baseline_tokens_per_s  # the target's plain speed, measured when it loaded
+    assert recorded.speedup == pytest.approx(done.stats.tokens_per_s / done.baseline_tokens_per_s)
     assert "tok/s" in window.statusBar().currentMessage()
 
 
 def test_stop_mid_reply_keeps_partial_text(window, qtbot):
-    window.new_chat()
+    window.pane.new_chat()
     window.activateWindow()
     qtbot.waitUntil(window.isActiveWindow)  # window shortcuts fire only in the active window
     request_id = send(qtbot, window, "Tell me a very long story.", max_tokens=LONG_REPLY)
@@ -147,34 +151,39 @@ def test_stop_mid_reply_keeps_partial_text(window, qtbot):
     reply = window.chat.messages[-1]
     assert reply.raw == done.text
     assert reply.note.text() == NOTES["cancelled"]
-    saved = window.store.get(window.current_conv).messages[-1]
+    saved = window.store.get(window.pane.current_conv).messages[-1]
     assert saved["content"] == done.text and saved["note"] == NOTES["cancelled"]
 
 
 def test_switching_chats_mid_reply_loses_nothing(window, qtbot):
-    window.new_chat()
-    other = window.current_conv
+    window.pane.new_chat()
+    other = window.pane.current_conv
     turn(qtbot, window, send(qtbot, window, "A finished chat"))
-    window.new_chat()
-    streaming = window.current_conv
+    window.pane.new_chat()
+    streaming = window.pane.current_conv
     request_id = send(qtbot, window, "A long reply, please.", max_tokens=LONG_REPLY)
     qtbot.waitUntil(lambda: bool(window.recorder.of(TokenBatch, request_id=request_id)), timeout=WAIT_MS)
+    other_reply = window.store.get(other).messages[-1]["content"]
     window.sidebar.list.setCurrentRow(window.sidebar.ids().index(other))  # a click in the list
-    assert window.current_conv == other and len(window.chat.messages) == 2
-    qtbot.wait(100)  # the reply keeps streaming into its own chat meanwhile
+    assert window.pane.current_conv == other and len(window.chat.messages) == 2
+    # The reply goes on streaming into its own chat, not into the one on screen.
+    streamed = len(window.session.active.text)
+    qtbot.waitUntil(lambda: len(window.session.active.text) > streamed, timeout=WAIT_MS)
+    assert [m.raw for m in window.chat.messages][-1] == other_reply
     window.sidebar.list.setCurrentRow(window.sidebar.ids().index(streaming))
-    assert window.chat.messages[-1].raw == window.active.text
-    window.stop_reply()
+    assert len(window.session.active.text) > streamed
+    assert window.chat.messages[-1].raw == window.session.active.text
+    window.pane.stop_reply()
     done = turn(qtbot, window, request_id)
     assert window.chat.messages[-1].raw == done.text
     assert window.store.get(streaming).messages[-1]["content"] == done.text
-    assert window.store.get(other).messages[-1]["content"]  # untouched
+    assert window.store.get(other).messages[-1]["content"] == other_reply  # untouched
 
 
 def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatch):
-    window.new_chat()
+    window.pane.new_chat()
     done = turn(qtbot, window, send(qtbot, window, "Before the switch"))
-    conv_id, first_model = window.current_conv, window.current_target
+    conv_id, first_model = window.pane.current_conv, window.targets.current
 
     # "Add local model folder…" in the Targets menu, with the folder dialog answered.
     from PySide6.QtWidgets import QFileDialog
@@ -183,14 +192,16 @@ def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatc
     add = next(a for a in window.targets_menu.actions() if a.text().startswith("Add local model folder"))
     add.trigger()
     qtbot.waitUntil(
-        lambda: window.current_target not in (None, first_model), timeout=WAIT_MS
+        lambda: window.targets.current not in (None, first_model), timeout=WAIT_MS
     )
-    second_model = window.current_target
-    assert window.recorder.of(ModelLoading, model_id=second_model) or window.recorder.of(ModelLoading)
+    second_model = window.targets.current
+    loaded = window.recorder.of(ModelLoaded, model_id=second_model)
+    assert len(loaded) == 1  # progress was reported for that load
+    assert window.recorder.of(ModelLoading, request_id=loaded[0].request_id, model_id=second_model)
     assert window.targets_menu.checked_id() == second_model
-    assert window.progress.isHidden()
+    assert window.targets.progress.isHidden()
     # The same conversation is on screen and continues with the new target.
-    assert window.current_conv == conv_id
+    assert window.pane.current_conv == conv_id
     assert window.chat.messages[1].raw == done.text
     after = turn(qtbot, window, send(qtbot, window, "After the switch"))
     assert after.model_id == second_model
@@ -199,9 +210,9 @@ def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatc
     # Switching back through the menu's check-marked entry.
     back = next(a for a in window.targets_menu.actions() if a.data() == first_model)
     back.trigger()
-    qtbot.waitUntil(lambda: window.current_target == first_model, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: window.targets.current == first_model, timeout=WAIT_MS)
     assert window.targets_menu.checked_id() == first_model
-    assert window.current_conv == conv_id
+    assert window.pane.current_conv == conv_id
 
 
 def test_bad_model_path_shows_a_message(window, qtbot, tmp_path, monkeypatch):
@@ -210,7 +221,7 @@ def test_bad_model_path_shows_a_message(window, qtbot, tmp_path, monkeypatch):
     monkeypatch.setattr(
         QMessageBox, "warning", lambda parent, title, text, *a, **k: shown.append((title, text))
     )
-    current = window.current_target
+    current = window.targets.current
     junk = tmp_path / "not-a-model"
     junk.mkdir()
     (junk / "notes.txt").write_text("hello")
@@ -219,20 +230,20 @@ def test_bad_model_path_shows_a_message(window, qtbot, tmp_path, monkeypatch):
     assert shown[0][0] == "Could not add the model"
     assert "not-a-model" in shown[0][1] and "config.json" in shown[0][1]
 
-    window.switch_target(str(tmp_path / "missing.gguf"))
+    window.targets.switch(str(tmp_path / "missing.gguf"))
     qtbot.waitUntil(lambda: len(shown) == 2, timeout=WAIT_MS)
     assert shown[1][0] == "Could not load the model"
     assert "does not exist" in shown[1][1]
     # The model that was answering still is, and still has the check mark.
-    assert window.current_target == current
+    assert window.targets.current == current
     assert window.targets_menu.checked_id() == current
-    assert window.progress.isHidden()
+    assert window.targets.progress.isHidden()
 
 
 def test_worker_killed_is_restarted_and_nothing_is_lost(window, qtbot):
-    window.new_chat()
+    window.pane.new_chat()
     done = turn(qtbot, window, send(qtbot, window, "A question before the crash"))
-    conv_id, target = window.current_conv, window.current_target
+    conv_id, target = window.pane.current_conv, window.targets.current
     old_pid = window.bridge.handle.pid
     loads_before = len(window.recorder.of(ModelLoaded))
 
@@ -244,7 +255,7 @@ def test_worker_killed_is_restarted_and_nothing_is_lost(window, qtbot):
     assert window.isVisible()
     qtbot.waitUntil(lambda: len(window.recorder.of(ModelLoaded)) > loads_before, timeout=WAIT_MS)
     assert window.bridge.handle.pid != old_pid and window.bridge.is_alive()
-    assert window.current_target == target
+    assert window.targets.current == target
     assert "stopped unexpectedly" not in window.banner.text()  # cleared once reloaded
 
     conv = window.store.get(conv_id)
@@ -267,14 +278,14 @@ def test_charts_receive_metrics_and_export(window, qtbot, tmp_path):
     assert window.charts.tps_plot.listDataItems(), "tokens-per-step plot is empty"
 
     # Learning progress as the worker reports it lands in the learning chart.
-    target = window.current_target
+    target = window.targets.current
     for steps, loss, acc in ((1, 2.5, 0.1), (2, 2.1, 0.2)):
         window.on_event(LearningProgress(target, "running", steps, 8 * steps, loss, acc))
     assert [m.steps for m in window.history.learning_for(target)][-2:] == [1, 2]
-    assert window.learning_label.text().startswith("Learning: running")
+    assert window.learning.label.text().startswith("Learning: running")
     assert window.charts.learning_plot.listDataItems()
     window.on_event(LearningProgress(target, "idle"))
-    assert window.learning_label.text() == "Learning: idle"
+    assert window.learning.label.text() == "Learning: idle"
 
     png, csv_path = tmp_path / "charts.png", tmp_path / "metrics.csv"
     window.charts.export_png(png)
@@ -294,11 +305,11 @@ def test_charts_receive_metrics_and_export(window, qtbot, tmp_path):
 
 def test_pause_learning_is_sent_and_remembered(window, qtbot):
     idle(qtbot, window)
-    window.pause_action.trigger()
+    window.actions["pause_learning"].trigger()
     assert window.settings.learning_paused
     qtbot.waitUntil(lambda: bool(window.recorder.of(LearningProgress, state="paused")), timeout=WAIT_MS)
-    assert window.learning_label.text() == "Learning: paused"
-    window.pause_action.trigger()
+    assert window.learning.label.text() == "Learning: paused"
+    window.actions["pause_learning"].trigger()
     assert not window.settings.learning_paused
 
 
@@ -306,20 +317,20 @@ def test_rename_and_delete_chats(window, qtbot, monkeypatch):
     from PySide6.QtWidgets import QInputDialog
 
     idle(qtbot, window)
-    conv_id = window.current_conv
+    conv_id = window.pane.current_conv
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed chat", True))
     window.sidebar.ask_rename(conv_id)
     assert window.store.get(conv_id).title == "Renamed chat"
     assert window.sidebar.title_of(conv_id) == "Renamed chat"
 
-    window.new_chat()
+    window.pane.new_chat()
     doomed = turn(qtbot, window, send(qtbot, window, "Short-lived chat"))
-    doomed_id = window.current_conv
+    doomed_id = window.pane.current_conv
     assert doomed.text
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     window.sidebar.ask_delete(doomed_id)
     assert doomed_id not in window.store and doomed_id not in window.sidebar.ids()
-    assert window.current_conv != doomed_id
+    assert window.pane.current_conv != doomed_id
     assert not (window.store.folder / f"{doomed_id}.chat").exists()
 
 
@@ -339,20 +350,25 @@ def test_settings_change_reaches_window_and_disk(window, qtbot):
     saved, problems = load_settings()
     assert not problems
     assert (saved.temperature, saved.adaptive_gamma, saved.highlight_drafts) == (0.7, 0.4, True)
-    assert window.chat.highlight and window.highlight_action.isChecked()
+    assert window.chat.highlight and window.actions["highlight"].isChecked()
     window.apply_settings({"temperature": 0.0, "adaptive_gamma": None, "highlight_drafts": False})
     assert not window.chat.highlight
 
 
 def test_reset_personalization_asks_first(window, qtbot, monkeypatch):
     idle(qtbot, window)
+    sent: list = []
+    send = window.bridge.send
+    monkeypatch.setattr(window.bridge, "send", lambda request: sent.append(request) or send(request))
     answers = iter([QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Yes])
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: next(answers))
-    before = len(window.recorder.events)
-    window.reset_personalization()  # cancelled: nothing is sent
-    window.reset_personalization()
-    # The worker answers with a notice (done) or an error (not supported): either way it heard.
-    qtbot.waitUntil(lambda: len(window.recorder.events) > before, timeout=WAIT_MS)
+    window.actions["reset_learning"].trigger()  # Cancel: nothing is sent
+    assert sent == []
+    window.actions["reset_learning"].trigger()  # Yes
+    assert [type(r) for r in sent] == [ResetPersonalization]
+    assert sent[0].model_id == window.targets.current
+    qtbot.waitUntil(lambda: bool(window.recorder.of(Notice, request_id=sent[0].request_id)), timeout=WAIT_MS)
+    assert "was reset" in window.statusBar().currentMessage()
 
 
 def test_close_saves_and_stops_the_worker(window, qtbot):
@@ -467,9 +483,9 @@ def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot,
         catalog = [ModelEntry("model-a", "Model A", "/a"), ModelEntry("model-b", "Model B", "/b")]
         win.on_event(WorkerReady(1, catalog))  # the window asks for its target
         first = worker.sent[-1]
-        win.switch_target("model-b")
+        win.targets.switch("model-b")
         second = worker.sent[-1]
-        win.add_model("/junk")
+        win.targets.add("/junk")
         add = worker.sent[-1]
         assert isinstance(first, SwitchTarget) and first.model_id == "model-a"
         assert isinstance(second, SwitchTarget) and second.model_id == "model-b"
@@ -478,9 +494,9 @@ def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot,
 
         win.on_event(ErrorEvent(None, "Learning stopped: adapter exploded"))
         assert "Learning stopped" in win.banner.text()
-        assert set(win.loads) == {first.request_id, second.request_id}  # no load failed
+        assert set(win.targets.loads) == {first.request_id, second.request_id}  # no load failed
         win.on_event(ModelLoaded(second.request_id, "model-b", "Model B", 0.1, None))
-        assert win.current_target == "model-b" and win.targets_menu.checked_id() == "model-b"
+        assert win.targets.current == "model-b" and win.targets_menu.checked_id() == "model-b"
         win.on_event(ErrorEvent(add.request_id, "/junk is not a model"))
         win.on_event(ErrorEvent(first.request_id, "model-a is broken"))
         qtbot.waitUntil(lambda: len(shown) == 2)
@@ -488,9 +504,9 @@ def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot,
             ("Could not add the model", "/junk is not a model"),
             ("Could not load the model", "model-a is broken"),
         ]
-        assert win.current_target == win.wanted_target == "model-b"  # the loaded one stays
-        assert win.targets_menu.checked_id() == "model-b" and win.progress.isHidden()
-        assert not win.loads and not win.adds
+        assert win.targets.current == win.targets.wanted == "model-b"  # the loaded one stays
+        assert win.targets_menu.checked_id() == "model-b" and win.targets.progress.isHidden()
+        assert not win.targets.loads and not win.targets.adds
     finally:
         win.close()
         dispose(qapp, win)
@@ -519,10 +535,10 @@ def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop)
     try:
         win.show()
         win.resize(780, 520)  # inside the offscreen 800x600 screen
-        win.splitter.setSizes([300, 480])
+        win.pane.setSizes([300, 480])
         win.charts_dock.hide()
         qapp.processEvents()
-        sidebar = win.splitter.sizes()[0]
+        sidebar = win.pane.sizes()[0]
     finally:
         win.close()
         dispose(qapp, win)
@@ -532,7 +548,7 @@ def test_window_layout_is_restored_and_a_broken_one_ignored(home, qapp, qt_loop)
         qapp.processEvents()
         assert (again.width(), again.height()) == (780, 520)
         assert again.charts_dock.isHidden()
-        assert again.splitter.sizes()[0] == sidebar
+        assert again.pane.sizes()[0] == sidebar
     finally:
         again.close()
         dispose(qapp, again)

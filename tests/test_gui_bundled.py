@@ -31,7 +31,7 @@ def app_window(gui_home, qt_loop, qapp):
         win.bridge.event.connect(win.recorder)
         win.show()
         win.start()
-        QtBot(None).waitUntil(lambda: win.current_target is not None, timeout=3 * WAIT_MS)
+        QtBot(None).waitUntil(lambda: win.targets.current is not None, timeout=3 * WAIT_MS)
         yield win
         if not win._closed:
             win.close()
@@ -40,7 +40,7 @@ def app_window(gui_home, qt_loop, qapp):
 
 def test_first_session_with_the_bundled_models(app_window, qtbot):
     win = app_window
-    assert win.current_target == QWEN15_ID
+    assert win.targets.current == QWEN15_ID
     assert win.targets_menu.checked_id() == QWEN15_ID
     labels = [a.text() for a in win.targets_menu.actions()]
     assert any(t.startswith("Qwen2.5-Coder-1.5B-Instruct  (1.1 GB, chat and code") for t in labels)
@@ -54,20 +54,20 @@ def test_first_session_with_the_bundled_models(app_window, qtbot):
     assert reply.acceptance_rate == pytest.approx(done.stats.acceptance_rate)
     assert reply.speedup == pytest.approx(done.stats.tokens_per_s / done.baseline_tokens_per_s)
     assert win.charts.acceptance_plot.listDataItems() and win.charts.speedup_plot.listDataItems()
-    conv_id = win.current_conv
+    conv_id = win.pane.current_conv
 
-    win.switch_target(QWEN05_ID)
-    qtbot.waitUntil(lambda: win.current_target == QWEN05_ID and win.active is None, timeout=3 * WAIT_MS)
-    assert win.targets_menu.checked_id() == QWEN05_ID and win.current_conv == conv_id
+    win.targets.switch(QWEN05_ID)
+    qtbot.waitUntil(lambda: win.targets.current == QWEN05_ID and win.session.active is None, timeout=3 * WAIT_MS)
+    assert win.targets_menu.checked_id() == QWEN05_ID and win.pane.current_conv == conv_id
     other = turn(qtbot, win, send(qtbot, win, "And one that multiplies them?", REPLY))
     assert other.model_id == QWEN05_ID and other.text.strip()
 
-    win.switch_target(QWEN15_ID)
-    qtbot.waitUntil(lambda: win.current_target == QWEN15_ID and win.active is None, timeout=3 * WAIT_MS)
+    win.targets.switch(QWEN15_ID)
+    qtbot.waitUntil(lambda: win.targets.current == QWEN15_ID and win.session.active is None, timeout=3 * WAIT_MS)
     assert [m["role"] for m in win.store.get(conv_id).messages] == ["user", "assistant"] * 2
     turn(qtbot, win, send(qtbot, win, "Now write one that subtracts them.", REPLY))
 
-    win.learn_now()
+    win.learning.learn_now()
     qtbot.waitUntil(
         lambda: any(e.steps > 0 for e in win.recorder.of(LearningProgress, model_id=QWEN15_ID)),
         timeout=5 * WAIT_MS,

@@ -196,6 +196,17 @@ class ConversationStore:
             self.save(conv_id)
         return conv
 
+    def touch(self, conv_id: str) -> Conversation:
+        """Save a conversation whose messages were changed in place (a finished reply)."""
+        conv = self.get(conv_id)
+        self._touch_and_save(conv)
+        return conv
+
+    def forget_all(self) -> None:
+        """Forget every conversation in memory, files untouched (paths.clear_data
+        deletes the folder's files, including those this store never loaded)."""
+        self._convs.clear()
+
     def save(self, conv_id: str) -> None:
         conv = self.get(conv_id)
         save_encrypted(self._path(conv.id), conv.to_dict(), self.keys)

@@ -1,0 +1,140 @@
+"""The chat half of the window: the list of conversations, the one on screen,
+and the reply the chat session is writing, shown wherever the user looks.
+
+It only shows and routes: the chat session (app/chat_session) writes replies,
+the conversation store keeps the text.
+"""
+
+from __future__ import annotations
+
+from omnidraft.core.storage.conversations import ConversationStore
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+
+from .banner import Banner
+from .chat_session import ChatSession, FinishedReply
+from .chat_view import ChatView
+from .conversation_list import ConversationList
+from .message_widget import describe_stats
+from .target_control import STATUS_MS, TargetControl
+
+
+class ChatPane(QSplitter):
+    status = Signal(str, int)  # status-bar text, ms
+
+    def __init__(
+        self, store: ConversationStore, session: ChatSession, targets: TargetControl, banner: Banner,
+        parent: QWidget | None = None,
+    ):
+        super().__init__(Qt.Orientation.Horizontal, parent)
+        self.store, self.session, self.targets = store, session, targets
+        self.current_conv: str | None = None
+        self.sidebar = ConversationList()
+        self.sidebar.setMinimumWidth(200)
+        self.chat = ChatView()
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.setSpacing(0)
+        right_layout.addWidget(banner)
+        right_layout.addWidget(self.chat, 1)
+        self.setHandleWidth(1)
+        self.addWidget(self.sidebar)
+        self.addWidget(right)
+        self.setStretchFactor(1, 1)
+        self.setSizes([250, 700])
+        self.setChildrenCollapsible(False)
+
+        self.sidebar.selected.connect(lambda conv_id: self.show_conversation(conv_id, refresh=False))
+        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.rename_requested.connect(self._rename)
+        self.sidebar.delete_requested.connect(self._delete)
+        self.chat.send_requested.connect(self.send_message)
+        self.chat.stop_requested.connect(self.stop_reply)
+        session.started.connect(self._on_reply_started)
+        session.streamed.connect(self._on_reply_streamed)
+        session.finished.connect(self._on_reply_finished)
+        session.busy_changed.connect(self.chat.set_busy)
+
+    # ------------------------------------------------------------ chatting
+
+    def send_message(self, text: str) -> None:
+        if self.session.active is not None:
+            return
+        if self.current_conv not in self.store:
+            self.current_conv = self.store.new(self.targets.current).id
+        author = self.targets.name_of(self.targets.current or self.targets.wanted)
+        self.session.send(self.current_conv, text, self.targets.current, author)
+
+    def stop_reply(self) -> None:
+        if self.session.stop():
+            self.status.emit("Stopping…", STATUS_MS)
+
+    def _on_reply_started(self, conv_id: str) -> None:
+        if conv_id == self.current_conv:
+            user, reply = self.store.get(conv_id).messages[-2:]
+            self.chat.add_user(user["content"])
+            self.chat.begin_reply(reply["author"])
+        self.refresh_sidebar()
+
+    def _on_reply_streamed(self, conv_id: str, pieces: list) -> None:
+        if conv_id == self.current_conv:
+            self.chat.stream(pieces)
+
+    def _on_reply_finished(self, conv_id: str, reply: FinishedReply) -> None:
+        widget = self.chat.current_reply() if conv_id == self.current_conv else None
+        if widget is not None:
+            widget.flush()
+            if widget.raw != reply.text:
+                widget.set_text(reply.text, reply.drafted)
+            widget.set_note(reply.note)
+            widget.set_meta(describe_stats(reply.stats, reply.baseline))
+        self.refresh_sidebar()
+
+    # ------------------------------------------------------------ conversations
+
+    def first_conversation(self) -> str | None:
+        conversations = self.store.list()
+        return conversations[0].id if conversations else None
+
+    def new_chat(self) -> None:
+        if self.current_conv in self.store and not self.store.get(self.current_conv).messages:
+            self.chat.composer.setFocus()  # already on an empty chat
+            return
+        self.show_conversation(self.store.new(self.targets.current).id)
+
+    def show_conversation(self, conv_id: str | None, refresh: bool = True) -> None:
+        """Put a chat on screen. refresh=False when the sidebar itself asked: rebuilding
+        its list inside its own selection signal would delete the item being selected."""
+        self.current_conv = conv_id if conv_id in self.store else None
+        if self.current_conv is None:
+            self.chat.clear()
+        else:
+            conv = self.store.get(self.current_conv)
+            self.chat.load(conv.messages, self.targets.name_of(conv.model_id or self.targets.wanted))
+            active, reply = self.session.active, self.chat.current_reply()
+            if active is not None and active.conv_id == conv_id and reply is not None:
+                reply.set_text(active.text, active.drafted)  # keep the live tint and the "still writing" look
+        if refresh:
+            self.refresh_sidebar()
+        self.chat.composer.setFocus()
+
+    def refresh_sidebar(self) -> None:
+        self.sidebar.show_conversations(self.store.list(), self.current_conv)
+
+    def with_chat(self, action) -> None:
+        """Run `action(conversation id)` on the chat on screen, if there is one."""
+        if self.current_conv in self.store:
+            action(self.current_conv)
+
+    def _rename(self, conv_id: str, title: str) -> None:
+        if conv_id in self.store:
+            self.store.rename(conv_id, title)
+            self.refresh_sidebar()
+
+    def _delete(self, conv_id: str) -> None:
+        self.session.drop(conv_id)
+        self.store.delete(conv_id)
+        if self.current_conv == conv_id:
+            self.show_conversation(self.first_conversation())
+        self.refresh_sidebar()
