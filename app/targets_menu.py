@@ -1,5 +1,6 @@
-"""The Targets menu: every catalog model, a check mark on the one in use, and
-"Add local model…". It only emits what the user picked; the window sends it."""
+"""The Targets menu: every catalog model, a check mark on the one in use, "Get
+models…" (downloads) and "Add local model…". It only emits what the user picked
+(a finished download is added like a local file); the window sends it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from omnidraft.core.models.catalog import ModelEntry
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction, QActionGroup
 from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
+
+from .get_models_dialog import GetModelsDialog
 
 
 def entry_label(entry: ModelEntry) -> str:
@@ -21,7 +24,7 @@ def entry_label(entry: ModelEntry) -> str:
 
 class TargetsMenu(QMenu):
     switch_requested = Signal(str)  # catalog id, or the path of a model opened by path
-    add_requested = Signal(str)  # a path
+    add_requested = Signal(str)  # a path (a local model, or a finished download)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("&Targets", parent)
@@ -31,6 +34,7 @@ class TargetsMenu(QMenu):
         # switched to by path.
         self.opened: list[ModelEntry] = []
         self.current: str | None = None
+        self.get_models: GetModelsDialog | None = None  # made on first use; lives with the window
         self._group = QActionGroup(self)
         self._group.setExclusive(True)
         self.rebuild()
@@ -85,6 +89,7 @@ class TargetsMenu(QMenu):
             self._group.addAction(action)
             self.addAction(action)
         self.addSeparator()
+        self.addAction("Get models…", self.show_get_models)
         self.addAction("Add local model folder…", self.ask_add_folder)
         self.addAction("Add local GGUF file…", self.ask_add_file)
 
@@ -98,6 +103,14 @@ class TargetsMenu(QMenu):
         self.rebuild()
         if model_id != self.current:
             self.switch_requested.emit(self.request_key(model_id))
+
+    def show_get_models(self) -> None:
+        if self.get_models is None:
+            self.get_models = GetModelsDialog(self.parentWidget())
+            self.get_models.add_requested.connect(self.add_requested)
+        self.get_models.show()
+        self.get_models.raise_()
+        self.get_models.activateWindow()
 
     def ask_add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(

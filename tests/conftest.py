@@ -100,3 +100,15 @@ def qt_loop(qapp):
     yield loop
     asyncio.events._set_running_loop(None)
     asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """A local server answering like the Hugging Face Hub (tests/fake_hub.py), with
+    huggingface_hub pointed at it."""
+    from tests.fake_hub import FakeHub
+
+    server = FakeHub()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    yield server
+    server.close()

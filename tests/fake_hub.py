@@ -26,12 +26,20 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class Served:
     data: bytes
     corrupt: bool = False  # send other bytes than the checksum announces
+    # Stop sending at this offset until `go` is set (a stalled connection).
+    hold_at: int | None = None
+    go: threading.Event = field(default_factory=threading.Event)
     ranges: list[str | None] = field(default_factory=list)  # Range header of each GET
     sent: int = 0  # body bytes written over all GETs
 
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that hung up (a cancelled download) is not an error here
 
 
 class FakeHub:
@@ -52,7 +60,7 @@ class FakeHub:
             def do_GET(self) -> None:
                 hub._answer(self, body=True)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -104,6 +112,8 @@ class FakeHub:
             data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
         try:
             for offset in range(start, size, PIECE):
+                if served.hold_at is not None and offset >= served.hold_at:
+                    served.go.wait(30)
                 piece = data[offset:offset + PIECE]
                 handler.wfile.write(piece)
                 handler.wfile.flush()

@@ -18,18 +18,10 @@ from omnidraft.core.models.downloads import (
     local_state,
 )
 
-from tests.fake_hub import FakeHub, write_tiny_gguf
+from tests.fake_hub import write_tiny_gguf
 
 OFFER = Offer("tiny-test", "Tiny Test", "test-org/Tiny-GGUF", "tiny-q8_0.gguf",
               1_000_000, 30_000, "a test model", "MIT")
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    server = FakeHub()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    yield server
-    server.close()
 
 
 @pytest.fixture

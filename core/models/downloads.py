@@ -141,6 +141,11 @@ def _record_path(part: Path) -> Path:
 class LocalState:
     path: Path | None  # the finished file, None until there is one
     partial_bytes: int = 0  # what an unfinished download left to resume from
+    total_bytes: int = 0  # the whole file's size as the Hub gave it (0: not asked yet)
+
+    @property
+    def fraction(self) -> float:
+        return self.partial_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
 def local_state(offer: Offer) -> LocalState:
@@ -148,7 +153,13 @@ def local_state(offer: Offer) -> LocalState:
     if final.exists():
         return LocalState(final)
     part = partial_path(offer)
-    return LocalState(None, part.stat().st_size if part.exists() else 0)
+    if not part.exists():
+        return LocalState(None)
+    try:
+        total = int(json.loads(_record_path(part).read_text()).get("size", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        total = 0
+    return LocalState(None, part.stat().st_size, total or offer.size_bytes)
 
 
 # --------------------------------------------------------------------------- the Hub's side
@@ -174,8 +185,8 @@ def _host(url: str) -> str:
 def _offline_message(offer: Offer, url: str) -> str:
     return (
         f"Could not reach Hugging Face ({_host(url)}) to download {offer.name}: this "
-        "computer seems to be offline. What was downloaded so far is kept; try again "
-        "when you are online."
+        "computer seems to be offline. Try again when you are online (a download "
+        "already begun goes on from where it stopped)."
     )
 
 
@@ -334,6 +345,8 @@ def _fetch(
         status = exc.response.status_code if exc.response is not None else "?"
         raise DownloadError(f"The download of {offer.name} was refused (HTTP {status}); try again later.") from exc
     except httpx2.TransportError as exc:
+        if cancelled():  # stopped while the connection stalled: the read timed out first
+            raise DownloadCancelled() from exc
         raise DownloadError(
             f"The connection broke off while downloading {offer.name} "
             f"({have / remote.size:.0%} done). What arrived is kept: resume to continue."
