@@ -114,7 +114,9 @@ class ChatPane(QSplitter):
             self.chat.load(conv.messages, self.targets.name_of(conv.model_id or self.targets.wanted))
             active, reply = self.session.active, self.chat.current_reply()
             if active is not None and active.conv_id == conv_id and reply is not None:
-                reply.set_text(active.text, active.drafted)  # keep the live tint and the "still writing" look
+                # The live text and tint; its saved "interrupted" note is for a restart only.
+                reply.set_text(active.text, active.drafted)
+                reply.set_note(None if active.text else "…")
         if refresh:
             self.refresh_sidebar()
         self.chat.composer.setFocus()

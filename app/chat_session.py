@@ -21,7 +21,7 @@ from omnidraft.core.worker.protocol import (
     TokenBatch,
     TurnDone,
 )
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from .message_widget import runs_from_mask
 from .worker_bridge import WorkerBridge
@@ -31,7 +31,12 @@ NOTES = {
     "length": "Stopped at the maximum reply length (Settings → Max reply length).",
     "worker_died": "Interrupted: the engine stopped while writing this reply; the text so far is kept.",
     "closed": "Interrupted: the app was closed while this reply was being written.",
+    # On disk while a reply streams: what a restart shows if the app died meanwhile.
+    "interrupted": "Interrupted: the app stopped while this reply was being written; the text so far is kept.",
 }
+# A streaming reply is saved at most this often (in the background): a crash of the
+# app loses at most about this much of it.
+SAVE_EVERY_MS = 1000
 NOT_RUNNING = "The engine is not running; the message was kept, send it again later."
 
 
@@ -74,6 +79,8 @@ class ChatSession(QObject):
         self.bridge = bridge
         self._settings = settings  # the window's current settings, read at each request
         self.active: ActiveReply | None = None
+        self._save_timer = QTimer(self, singleShot=True, interval=SAVE_EVERY_MS)
+        self._save_timer.timeout.connect(self._save_partial)
 
     # ------------------------------------------------------------ requests
 
@@ -87,9 +94,10 @@ class ChatSession(QObject):
             for m in self.store.get(conv_id).messages
             if m["content"] or m["role"] == "user"  # a failed, empty reply is not context
         ]
-        self.store.append_message(conv_id, "assistant", "", model_id=model_id)
+        # Saved with the note a restart shows if the app dies before the reply ends.
+        extra = {"author": author, "note": NOTES["interrupted"]}
+        self.store.append_message(conv_id, "assistant", "", model_id=model_id, extra=extra)
         message = self.store.get(conv_id).messages[-1]
-        message["author"] = author
         s = self._settings()
         request = ChatRequest(
             request_id=self.bridge.next_id(),
@@ -125,6 +133,7 @@ class ChatSession(QObject):
         if self.active is not None and self.active.conv_id == conv_id:
             self.bridge.send(CancelRequest(self.active.request_id))
             self.active = None
+            self._save_timer.stop()
             self.busy_changed.emit(False)
 
     # ------------------------------------------------------------ engine events
@@ -137,7 +146,16 @@ class ChatSession(QObject):
             reply.text += text
             reply.drafted.extend([bool(drafted)] * len(text))
         reply.message["content"] = reply.text
+        if not self._save_timer.isActive():
+            self._save_timer.start()
         self.streamed.emit(reply.conv_id, event.pieces)
+
+    def _save_partial(self) -> None:
+        """The text so far, on disk with its "interrupted" note, in case the app dies."""
+        reply = self.active
+        if reply is not None and reply.conv_id in self.store:
+            reply.message["drafted"] = runs_from_mask(reply.drafted)
+            self.store.save_in_background(reply.conv_id)
 
     def on_turn_done(self, event: TurnDone) -> None:
         reply = self.active
@@ -165,10 +183,12 @@ class ChatSession(QObject):
         if reply is None:
             return
         self.active = None
+        self._save_timer.stop()
         drafted = (reply.drafted + [False] * len(text))[: len(text)]
         message = reply.message
         message["content"] = text
         message["drafted"] = runs_from_mask(drafted)
+        message.pop("note", None)  # "interrupted" held only while it streamed
         for key, value in (("stats", stats), ("model_id", model_id),
                            ("baseline_tokens_per_s", baseline), ("note", note)):
             if value:

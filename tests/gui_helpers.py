@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 from omnidraft.core.worker.protocol import TurnDone
@@ -59,3 +60,37 @@ def turn(qtbot, win, request_id: int) -> TurnDone:
     qtbot.waitUntil(lambda: bool(win.recorder.of(TurnDone, request_id=request_id)), timeout=WAIT_MS)
     idle(qtbot, win)
     return win.recorder.of(TurnDone, request_id=request_id)[0]
+
+
+class IdleWorker:
+    """A worker handle that never starts: for tests of the window's own start-up."""
+
+    pid = None
+    exitcode = None
+
+    def start(self) -> None: ...
+    def is_alive(self) -> bool:
+        return False
+    def poll(self, timeout: float = 0.0) -> list:
+        return []
+    def send(self, request) -> None: ...
+    def stop(self, timeout: float = 5.0) -> None: ...
+    def next_id(self) -> int:
+        return 0
+
+
+class ScriptedWorker(IdleWorker):
+    """A live worker whose answers the test plays itself: records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+        self._ids = itertools.count(1)
+
+    def is_alive(self) -> bool:
+        return True
+
+    def send(self, request) -> None:
+        self.sent.append(request)
+
+    def next_id(self) -> int:
+        return next(self._ids)

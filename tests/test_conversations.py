@@ -1,9 +1,12 @@
 """The persisted, encrypted conversation list."""
 
+import threading
+import time
+
 import keyring
 import pytest
 from keyring.backends import fail
-from omnidraft.core.storage import secure_store
+from omnidraft.core.storage import conversations, secure_store
 from omnidraft.core.storage.conversations import DEFAULT_TITLE, ConversationStore, title_from
 from omnidraft.core.storage.paths import data_dir
 from omnidraft.core.storage.secure_store import KeyStore, save_encrypted
@@ -73,6 +76,31 @@ def test_streaming_updates_stay_in_memory_until_saved(home):
     store.update_last_message(conv.id, "Hello!", persist=False)
     store.save(conv.id)
     assert ConversationStore().get(conv.id).messages[-1]["content"] == "Hello!"
+
+
+def test_background_saves_never_land_after_a_later_change(home, monkeypatch):
+    """A streaming reply is saved from a background thread; a rename or a delete
+    that follows must win, however slow that write is."""
+    real = conversations.save_encrypted
+
+    def slow_in_background(*args):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)  # still in flight when the next change comes
+        real(*args)
+
+    monkeypatch.setattr(conversations, "save_encrypted", slow_in_background)
+    store = ConversationStore()
+    conv = store.new()
+    store.append_message(conv.id, "user", "first words")
+    store.save_in_background(conv.id)
+    store.rename(conv.id, "Renamed")
+    store.flush()
+    assert ConversationStore().get(conv.id).title == "Renamed"
+
+    store.save_in_background(conv.id)
+    store.delete(conv.id)
+    store.flush()
+    assert list((data_dir() / "conversations").glob("*.chat")) == []
 
 
 def test_invalid_role_and_bad_ids_are_refused(home):

@@ -10,7 +10,6 @@ Pure helpers (markdown splitting, draft tinting, metrics) are tested apart.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from pathlib import Path
@@ -40,7 +39,17 @@ from omnidraft.core.worker.protocol import (
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from tests.gui_helpers import SHORT_REPLY, WAIT_MS, Recorder, dispose, idle, send, turn
+from tests.gui_helpers import (
+    SHORT_REPLY,
+    WAIT_MS,
+    IdleWorker,
+    Recorder,
+    ScriptedWorker,
+    dispose,
+    idle,
+    send,
+    turn,
+)
 
 LONG_REPLY = 1500  # long enough to still be streaming when the test presses Stop
 
@@ -434,40 +443,6 @@ def test_rolling_mean_and_speedup_only_when_measured(tmp_path):
     again = MetricsHistory(tmp_path / "m.json")
     again.load()
     assert [r.speedup for r in again.replies] == [None, pytest.approx(2.0)]
-
-
-class IdleWorker:
-    """A worker handle that never starts: for tests of the window's own start-up."""
-
-    pid = None
-    exitcode = None
-
-    def start(self) -> None: ...
-    def is_alive(self) -> bool:
-        return False
-    def poll(self, timeout: float = 0.0) -> list:
-        return []
-    def send(self, request) -> None: ...
-    def stop(self, timeout: float = 5.0) -> None: ...
-    def next_id(self) -> int:
-        return 0
-
-
-class ScriptedWorker(IdleWorker):
-    """A live worker whose answers the test plays itself: records what is sent."""
-
-    def __init__(self) -> None:
-        self.sent: list = []
-        self._ids = itertools.count(1)
-
-    def is_alive(self) -> bool:
-        return True
-
-    def send(self, request) -> None:
-        self.sent.append(request)
-
-    def next_id(self) -> int:
-        return next(self._ids)
 
 
 def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot, monkeypatch):

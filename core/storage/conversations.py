@@ -8,9 +8,11 @@ it never hides the other conversations and nothing the user wrote is deleted.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,7 @@ DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 60
 SUFFIX = ".chat"
 _ID = re.compile(r"^[0-9a-f]{32}$")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,6 +89,8 @@ class ConversationStore:
         self.warnings: list[str] = []  # shown to the user; nothing here is fatal
         self._convs: dict[str, Conversation] = {}
         self._last_time = 0.0
+        self._writer: ThreadPoolExecutor | None = None  # background saves, made on first use
+        self._pending: Future | None = None  # the background save in flight
         for path in sorted(self.folder.glob(f"*{SUFFIX}")):
             self._load_one(path)
 
@@ -153,18 +158,20 @@ class ConversationStore:
 
     def delete(self, conv_id: str) -> None:
         path = self._path(conv_id)
+        self.flush()  # a background save landing after the unlink would bring the chat back
         self._convs.pop(conv_id, None)
         path.unlink(missing_ok=True)
 
     def append_message(
         self, conv_id: str, role: str, content: str, stats: dict | None = None,
-        model_id: str | None = None,
+        model_id: str | None = None, extra: dict | None = None,
     ) -> Conversation:
-        """Add a message; the first user message names a still-untitled conversation."""
+        """Add a message (`extra`: more of its fields, e.g. its author); the first
+        user message names a still-untitled conversation."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         conv = self.get(conv_id)
-        message: dict = {"role": role, "content": content}
+        message: dict = {"role": role, "content": content, **(extra or {})}
         if stats is not None:
             message["stats"] = dict(stats)
         conv.messages.append(message)
@@ -205,11 +212,35 @@ class ConversationStore:
     def forget_all(self) -> None:
         """Forget every conversation in memory, files untouched (paths.clear_data
         deletes the folder's files, including those this store never loaded)."""
+        self.flush()
         self._convs.clear()
 
     def save(self, conv_id: str) -> None:
         conv = self.get(conv_id)
+        self.flush()  # an older snapshot written in the background must not land after this
         save_encrypted(self._path(conv.id), conv.to_dict(), self.keys)
+
+    def save_in_background(self, conv_id: str) -> None:
+        """Save the conversation as it is now from a background thread: a streaming
+        reply is saved every second or so, and encrypting and fsyncing a long chat
+        must not hold up the window. The snapshot is taken here; one write is in
+        flight at a time, so writes land in the order they were asked for."""
+        conv = self.get(conv_id)
+        snapshot, path = conv.to_dict(), self._path(conv.id)
+        self.flush()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conversation-save")
+        self._pending = self._writer.submit(save_encrypted, path, snapshot, self.keys)
+
+    def flush(self) -> None:
+        """Wait for the background save in flight, if any (a failed one is logged: the
+        next save writes the same conversation again)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except (OSError, ValueError) as exc:
+                log.warning("saving a conversation in the background failed: %s", exc)
 
     def _touch_and_save(self, conv: Conversation) -> None:
         conv.updated = self._now()
