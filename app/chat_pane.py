@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from .banner import Banner
+from .chat_header import ChatHeader
 from .chat_session import ChatSession, FinishedReply
 from .chat_view import ChatView
 from .conversation_list import ConversationList
@@ -31,12 +32,14 @@ class ChatPane(QSplitter):
         self.current_conv: str | None = None
         self.sidebar = ConversationList()
         self.sidebar.setMinimumWidth(200)
+        self.header = ChatHeader()
         self.chat = ChatView()
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.setSpacing(0)
         right_layout.addWidget(banner)
+        right_layout.addWidget(self.header)
         right_layout.addWidget(self.chat, 1)
         self.setHandleWidth(1)
         self.addWidget(self.sidebar)
@@ -49,6 +52,7 @@ class ChatPane(QSplitter):
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.rename_requested.connect(self._rename)
         self.sidebar.delete_requested.connect(self._delete)
+        self.header.system_prompt_changed.connect(self.set_system_prompt)
         self.chat.send_requested.connect(self.send_message)
         self.chat.stop_requested.connect(self.stop_reply)
         session.started.connect(self._on_reply_started)
@@ -62,7 +66,7 @@ class ChatPane(QSplitter):
         if self.session.active is not None:
             return
         if self.current_conv not in self.store:
-            self.current_conv = self.store.new(self.targets.current).id
+            self.current_conv = self._new_conversation()
         author = self.targets.name_of(self.targets.current or self.targets.wanted)
         self.session.send(self.current_conv, text, self.targets.current, author)
 
@@ -101,7 +105,23 @@ class ChatPane(QSplitter):
         if self.current_conv in self.store and not self.store.get(self.current_conv).messages:
             self.chat.composer.setFocus()  # already on an empty chat
             return
-        self.show_conversation(self.store.new(self.targets.current).id)
+        self.show_conversation(self._new_conversation())
+
+    def _new_conversation(self, system_prompt: str | None = None) -> str:
+        """A new chat, with the default system prompt from Settings unless told otherwise."""
+        if system_prompt is None:
+            system_prompt = self.session.settings().system_prompt
+        return self.store.new(self.targets.current, system_prompt=system_prompt).id
+
+    def set_system_prompt(self, text: str) -> None:
+        """The chat on screen answers with this system prompt from its next reply on
+        (with no chat on screen, a new one starts with it)."""
+        if self.current_conv in self.store:
+            self.store.set_system_prompt(self.current_conv, text)
+            self.header.set_prompt(self.store.get(self.current_conv).system_prompt)
+        else:
+            self.show_conversation(self._new_conversation(text))
+        self.status.emit("System prompt saved; it applies from the next reply.", STATUS_MS)
 
     def show_conversation(self, conv_id: str | None, refresh: bool = True) -> None:
         """Put a chat on screen. refresh=False when the sidebar itself asked: rebuilding
@@ -109,8 +129,10 @@ class ChatPane(QSplitter):
         self.current_conv = conv_id if conv_id in self.store else None
         if self.current_conv is None:
             self.chat.clear()
+            self.header.set_prompt(self.session.settings().system_prompt)
         else:
             conv = self.store.get(self.current_conv)
+            self.header.set_prompt(conv.system_prompt)
             self.chat.load(conv.messages, self.targets.name_of(conv.model_id or self.targets.wanted))
             active, reply = self.session.active, self.chat.current_reply()
             if active is not None and active.conv_id == conv_id and reply is not None:

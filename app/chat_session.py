@@ -77,7 +77,7 @@ class ChatSession(QObject):
         super().__init__(parent)
         self.store = store
         self.bridge = bridge
-        self._settings = settings  # the window's current settings, read at each request
+        self.settings = settings  # the window's current settings, read at each request
         self.active: ActiveReply | None = None
         self._save_timer = QTimer(self, singleShot=True, interval=SAVE_EVERY_MS)
         self._save_timer.timeout.connect(self._save_partial)
@@ -88,17 +88,18 @@ class ChatSession(QObject):
         """Append the user's message and ask the engine for a reply (one at a time)."""
         if self.active is not None:
             return
-        self.store.append_message(conv_id, "user", text)
-        history = [
+        conv = self.store.append_message(conv_id, "user", text)
+        system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        history = system + [
             {"role": m["role"], "content": m["content"]}
-            for m in self.store.get(conv_id).messages
+            for m in conv.messages
             if m["content"] or m["role"] == "user"  # a failed, empty reply is not context
         ]
         # Saved with the note a restart shows if the app dies before the reply ends.
         extra = {"author": author, "note": NOTES["interrupted"]}
         self.store.append_message(conv_id, "assistant", "", model_id=model_id, extra=extra)
         message = self.store.get(conv_id).messages[-1]
-        s = self._settings()
+        s = self.settings()
         request = ChatRequest(
             request_id=self.bridge.next_id(),
             messages=history,

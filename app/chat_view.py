@@ -142,7 +142,7 @@ class ChatView(QWidget):
         for m in messages:
             if m.get("role") == "system":
                 continue
-            author = m.get("author") or assistant_name
+            author = "You" if m["role"] == "user" else m.get("author") or assistant_name
             widget = self._add(m["role"], author)
             content = m.get("content", "")
             widget.set_text(content, mask_from_runs(m.get("drafted", []), len(content)))

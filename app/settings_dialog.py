@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLineEdit,
     QMessageBox,
+    QPlainTextEdit,
     QPushButton,
     QRadioButton,
     QSpinBox,
@@ -63,11 +64,18 @@ class SettingsDialog(QDialog):
         self.temperature.setToolTip("0 = greedy: the reply is exactly what plain decoding gives")
         self.top_p = _double(0.05, 1.0, 0.05, 2, settings.top_p)
         self.max_tokens = _int(1, 8192, settings.max_new_tokens, " tokens")
+        self.system_prompt = QPlainTextEdit(settings.system_prompt)
+        self.system_prompt.setObjectName("DefaultSystemPrompt")
+        self.system_prompt.setPlaceholderText("None: the model's own default behaviour")
+        self.system_prompt.setToolTip("New chats start with this; each chat can change its own above the chat")
+        self.system_prompt.setTabChangesFocus(True)
+        self.system_prompt.setFixedHeight(64)
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Max reply length", self.max_tokens)
+        form.addRow("Default system prompt", self.system_prompt)
 
         self.speculative = QCheckBox("Use the drafter (speculative decoding)")
         self.speculative.setChecked(settings.speculative)
@@ -147,6 +155,7 @@ class SettingsDialog(QDialog):
             "highlight_drafts": self.highlight.isChecked(),
             "idle_delay_s": float(self.idle_delay.value()),
             "learner_threads": self.threads.value(),
+            "system_prompt": self.system_prompt.toPlainText().strip(),
         }
 
     def changes(self) -> dict:

@@ -58,6 +58,20 @@ QToolTip {{ background: #ffffff; color: {TEXT}; border: 1px solid {BORDER}; padd
 }}
 #CopyButton:hover {{ background: #e8ebf0; color: {TEXT}; }}
 
+#ChatHeader {{ background: #ffffff; border-bottom: 1px solid {BORDER}; }}
+#HeaderCaption {{ color: {MUTED_TEXT}; font-weight: 600; font-size: 9pt; }}
+#SystemPromptSummary {{ color: {TEXT}; }}
+#SystemPromptSummary[empty="true"] {{ color: {MUTED_TEXT}; font-style: italic; }}
+#HeaderHint {{ color: {MUTED_TEXT}; font-size: 8.5pt; }}
+#HeaderButton {{
+    border: 1px solid {BORDER}; border-radius: 6px; padding: 3px 12px; background: {WINDOW_BG};
+}}
+#HeaderButton:hover {{ background: #e8ebf0; }}
+#SystemPromptEditor {{
+    background: white; border: 1px solid #cfd6df; border-radius: 8px; padding: 4px 6px;
+}}
+#SystemPromptEditor:focus {{ border: 1px solid {ACCENT}; }}
+
 #ComposeBar {{ background: {WINDOW_BG}; border-top: 1px solid {BORDER}; }}
 #Composer {{
     background: white; border: 1px solid #cfd6df; border-radius: 10px; padding: 6px 8px;

@@ -271,8 +271,9 @@ class Engine:
             first = lo
         if first == len(starts):  # not even the last message alone fits (the search tried it)
             n = len(encoded[len(starts) - 1])
+            what = "The system prompt and the message are" if system else "The message is"
             raise InputError(
-                f"The message is too long for {self.target.entry.name}: {n:,} tokens, "
+                f"{what} too long for {self.target.entry.name}: {n:,} tokens, "
                 f"and it reads at most {limit:,}."
             )
         start = starts[first]

@@ -5,9 +5,11 @@ disk afterwards (also when the app dies in the middle of a reply)."""
 from __future__ import annotations
 
 import pytest
+from omnidraft.app.chat_header import NO_PROMPT
 from omnidraft.app.chat_session import NOTES
 from omnidraft.app.main_window import MainWindow
 from omnidraft.core.models.catalog import ModelEntry
+from omnidraft.core.models.chat_format import encode_chat
 from omnidraft.core.storage.conversations import ConversationStore
 from omnidraft.core.worker.protocol import (
     ChatRequest,
@@ -16,6 +18,7 @@ from omnidraft.core.worker.protocol import (
     TurnDone,
     WorkerReady,
 )
+from PySide6.QtCore import Qt
 
 from tests.gui_helpers import IdleWorker, ScriptedWorker, dispose
 
@@ -71,3 +74,59 @@ def test_a_gui_killed_mid_reply_leaves_the_partial_reply_with_a_note(scripted, q
     win.on_event(TurnDone(request.request_id, "Once upon a time.", "eos", None, "model-a", None))
     assert "note" not in on_disk(win, conv_id)[-1]
     assert on_disk(win, conv_id)[-1]["content"] == "Once upon a time."
+
+
+def test_system_prompt_per_chat_with_a_default_from_settings(scripted, qapp, qtbot, smol_tok):
+    win, worker = scripted
+    win.apply_settings({"system_prompt": "  Answer like a pirate.  "})
+    win.pane.new_chat()
+    first = win.pane.current_conv
+    assert win.store.get(first).system_prompt == "Answer like a pirate."
+    assert win.pane.header.summary.text() == "Answer like a pirate."
+
+    # Edited in the header, as a person would: Edit, type, Save.
+    header = win.pane.header
+    qtbot.mouseClick(header.edit_button, Qt.MouseButton.LeftButton)
+    assert header.editing.isVisibleTo(header) and header.editor.toPlainText() == "Answer like a pirate."
+    header.editor.clear()
+    qtbot.keyClicks(header.editor, "Be brief.")
+    qtbot.mouseClick(header.save_button, Qt.MouseButton.LeftButton)
+    assert not header.editing.isVisibleTo(header)
+    assert win.store.get(first).system_prompt == "Be brief."
+
+    win.pane.send_message("Hello")
+    request = last_chat_request(worker)
+    assert request.messages == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+    ]
+    # It reaches the model as the chat template's system turn.
+    text = smol_tok.decode(encode_chat(smol_tok, request.messages))
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in text
+    win.on_event(TurnDone(request.request_id, "Arr.", "eos", None, "model-a", None))
+
+    # Another chat keeps its own; the prompt of each survives a restart.
+    win.pane.new_chat()
+    assert win.pane.header.summary.text() == "Answer like a pirate."
+    win.pane.set_system_prompt("")
+    assert win.store.get(win.pane.current_conv).system_prompt == ""
+    assert header.summary.text() == NO_PROMPT
+    assert ConversationStore(keys=win.keys).get(first).system_prompt == "Be brief."
+
+
+def test_chats_saved_before_system_prompts_still_open(home, qapp, qt_loop):
+    from omnidraft.core.storage import paths
+    from omnidraft.core.storage.secure_store import default_keystore, save_encrypted
+
+    conv_id = "0" * 32
+    old = {"id": conv_id, "title": "Old chat", "created": 1.0, "updated": 2.0, "model_id": None,
+           "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    save_encrypted(paths.data_dir() / "conversations" / f"{conv_id}.chat", old, default_keystore())
+    win = MainWindow(handle=IdleWorker())
+    try:
+        assert win.pane.current_conv == conv_id and not win.store.warnings
+        assert [(m.author.text(), m.raw) for m in win.chat.messages] == [
+            ("You", "hi"), ("qwen2.5-coder-1.5b-instruct", "hello")]  # no catalog here: the id
+        assert win.pane.header.summary.text() == NO_PROMPT
+    finally:
+        win.close()
+        dispose(qapp, win)

@@ -189,6 +189,24 @@ def test_switching_chats_mid_reply_loses_nothing(window, qtbot):
     assert window.store.get(other).messages[-1]["content"] == other_reply  # untouched
 
 
+def test_system_prompt_goes_first_to_the_engine(window, qtbot, monkeypatch):
+    window.pane.new_chat()
+    window.pane.header.open_editor()
+    qtbot.keyClicks(window.pane.header.editor, "You are terse.")
+    qtbot.mouseClick(window.pane.header.save_button, Qt.MouseButton.LeftButton)
+    sent: list = []
+    send_request = window.bridge.send
+    monkeypatch.setattr(window.bridge, "send", lambda request: sent.append(request) or send_request(request))
+    done = turn(qtbot, window, send(qtbot, window, "Who are you?"))
+    request = next(r for r in sent if getattr(r, "request_id", None) == done.request_id)
+    assert request.messages[0] == {"role": "system", "content": "You are terse."}
+    assert done.reason in ("length", "eos", "stop") and done.text  # the engine took it
+    conv = window.store.get(window.pane.current_conv)
+    assert conv.system_prompt == "You are terse."
+    assert [m["role"] for m in conv.messages] == ["user", "assistant"]  # not a message of the chat
+    assert [m.role for m in window.chat.messages] == ["user", "assistant"]
+
+
 def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatch):
     window.pane.new_chat()
     done = turn(qtbot, window, send(qtbot, window, "Before the switch"))

@@ -36,6 +36,9 @@ class Conversation:
     updated: float
     messages: list[dict] = field(default_factory=list)  # {"role", "content", optional "stats"}
     model_id: str | None = None
+    # Sent first, as the system message, through the target's chat template; files of
+    # older versions have none ("").
+    system_prompt: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,9 +56,12 @@ class Conversation:
                 updated=float(raw["updated"]),
                 messages=list(raw["messages"]),
                 model_id=raw.get("model_id"),
+                system_prompt=raw.get("system_prompt", ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStateError(path, f"missing or invalid field {exc}") from exc
+        if not isinstance(conv.system_prompt, str):
+            raise CorruptStateError(path, "its system prompt is not text")
         for m in conv.messages:
             if not _valid_message(m):
                 raise CorruptStateError(path, "a message has no valid role or content")
@@ -143,9 +149,13 @@ class ConversationStore:
 
     # ------------------------------------------------------------------ changes
 
-    def new(self, model_id: str | None = None, title: str = DEFAULT_TITLE) -> Conversation:
+    def new(
+        self, model_id: str | None = None, title: str = DEFAULT_TITLE, system_prompt: str = "",
+    ) -> Conversation:
         now = self._now()
-        conv = Conversation(uuid.uuid4().hex, title.strip() or DEFAULT_TITLE, now, now, [], model_id)
+        conv = Conversation(
+            uuid.uuid4().hex, title.strip() or DEFAULT_TITLE, now, now, [], model_id, system_prompt.strip()
+        )
         self._convs[conv.id] = conv
         self.save(conv.id)
         return conv
@@ -153,6 +163,13 @@ class ConversationStore:
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.get(conv_id)
         conv.title = title.strip()[:200] or DEFAULT_TITLE
+        self._touch_and_save(conv)
+        return conv
+
+    def set_system_prompt(self, conv_id: str, text: str) -> Conversation:
+        """The system prompt for this conversation's next replies ("" for none)."""
+        conv = self.get(conv_id)
+        conv.system_prompt = text.strip()
         self._touch_and_save(conv)
         return conv
 

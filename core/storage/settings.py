@@ -30,6 +30,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "learner_threads": (1, 64),
 }
 
+_FREE_TEXTS = {"system_prompt"}  # texts that may be empty
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -44,6 +46,7 @@ class Settings:
     last_target: str = DEFAULT_TARGET
     speculative: bool = True
     highlight_drafts: bool = False
+    system_prompt: str = ""  # new chats start with it (each chat can change its own)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,6 +85,10 @@ def _check(name: str, value: Any, default: Any) -> tuple[Any, str | None]:
         if isinstance(value, bool):
             return value, None
         return default, f"Setting '{name}' must be true or false; using {default}."
+    if name in _FREE_TEXTS:
+        if isinstance(value, str):
+            return value.strip(), None
+        return default, f"Setting '{name}' must be a text; using '{default}'."
     if isinstance(default, str):
         if isinstance(value, str) and value.strip():
             return value.strip(), None
