@@ -27,6 +27,7 @@ from .learning.replay_buffer import ReplayBuffer, Sample
 from .models.catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
 from .models.chat_format import encode_chat, stop_token_ids
 from .models.loader import LoadedModel, Progress, load, no_progress
+from .models.model_info import ModelInfo, describe
 from .storage import paths
 from .storage.persistence import CorruptStateError
 from .storage.secure_store import KeyUnavailableError
@@ -278,6 +279,13 @@ class Engine:
             )
         start = starts[first]
         return EncodedChat(encoded[first], system + turns[start:], omitted=start)
+
+    def describe_target(self) -> ModelInfo:
+        """What the loaded target is and how the drafter's vocabulary maps onto it."""
+        if self.target is None:
+            raise InputError("No model is loaded yet.")
+        drafting = self.drafter is not None and self.bridge is not None
+        return describe(self.target, self.context_limit(), self.drafter if drafting else None, self.bridge)
 
     def context_limit(self, reserve: int = 512) -> int:
         cfg = self.target.model.config

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .events import TokenChunk, TurnFinished
     from .models.catalog import ModelCatalog, ModelEntry
     from .models.loader import LoadedModel, Progress
+    from .models.model_info import ModelInfo
     from .storage.settings import Settings
     from .worker.protocol import LearningProgress
 
@@ -57,6 +58,10 @@ class EngineAPI(Protocol):
     def idle_step(self, should_stop: Cancel = ...) -> LearningProgress | None:
         """One short unit of learning, returning early once should_stop() is true;
         None, or a state other than "running", when there is nothing (left) to do."""
+        ...
+
+    def describe_target(self) -> ModelInfo:
+        """The loaded target (Model info…); InputError when none is loaded."""
         ...
 
     def reset_personalization(self, model_id: str) -> None: ...

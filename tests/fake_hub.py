@@ -14,9 +14,6 @@ import hashlib
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-
-import numpy as np
 
 PIECE = 64 << 10
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -120,29 +117,3 @@ class FakeHub:
                 served.sent += len(piece)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client stopped reading (cancelled)
-
-
-def write_tiny_gguf(path: Path, name: str = "Tiny Downloaded", embedding: int = 2560) -> Path:
-    """A small but real GGUF model file (Llama architecture, a tokenizer, ~1 MB of
-    weights with embedding=2560), enough for the catalog to accept it."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    writer.add_context_length(2048)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list([f"tok{i}" for i in range(100)])
-    rng = np.random.default_rng(0)
-    writer.add_tensor("token_embd.weight", rng.standard_normal((100, embedding), dtype=np.float32))
-    weights = rng.standard_normal((64, 256)).astype(np.float32)
-    writer.add_tensor(
-        "blk.0.attn_q.weight",
-        gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0),
-        raw_dtype=gguf.GGMLQuantizationType.Q8_0,
-    )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path

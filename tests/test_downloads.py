@@ -18,7 +18,7 @@ from omnidraft.core.models.downloads import (
     local_state,
 )
 
-from tests.fake_hub import write_tiny_gguf
+from tests.tiny import write_tiny_gguf
 
 OFFER = Offer("tiny-test", "Tiny Test", "test-org/Tiny-GGUF", "tiny-q8_0.gguf",
               1_000_000, 30_000, "a test model", "MIT")

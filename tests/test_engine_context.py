@@ -8,15 +8,13 @@ drafted for by the tiny SmolLM2-vocabulary drafter conftest sets up."""
 from __future__ import annotations
 
 import pytest
-import torch
 from omnidraft.core.decoding.drafter import Drafter, DraftSettings
 from omnidraft.core.decoding.sampling import GenerationConfig
-from omnidraft.core.engine import MAX_MESSAGE_CHARS, Engine, InputError, LearnSettings
+from omnidraft.core.engine import MAX_MESSAGE_CHARS, Engine, InputError
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.models.catalog import ModelCatalog
 from omnidraft.core.models.chat_format import encode_chat
 
-from tests.tiny import tiny_gemma3
+from tests.tiny import tiny_engine, tiny_gemma3
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
 
@@ -24,10 +22,7 @@ SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, gemma_tok) -> Engine:
     folder = tmp_path_factory.mktemp("models") / "tiny-gemma-context"
-    tiny_gemma3(len(gemma_tok), seed=3).save_pretrained(folder)
-    gemma_tok.save_pretrained(folder)
-    engine = Engine(ModelCatalog(), dtype=torch.float32, learn_settings=LearnSettings(enabled=False))
-    engine.load_target(str(folder), measure_baseline=False)
+    engine = tiny_engine(folder, tiny_gemma3(len(gemma_tok), seed=3), gemma_tok)
     # Every step asks the drafter (a prompt lookup could otherwise spare it the prompt).
     engine.spec_options.prompt_lookup = False
     assert engine._drafter is not None and not engine.bridge.same_vocab

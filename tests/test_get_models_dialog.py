@@ -15,7 +15,7 @@ from omnidraft.core.models.downloads import CURATED, Offer, local_state
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QProgressBar
 
-from tests.fake_hub import write_tiny_gguf
+from tests.tiny import write_tiny_gguf
 
 WAIT_MS = 30_000
 OFFER = Offer("tiny-test", "Tiny Test", "test-org/Tiny-GGUF", "tiny-q8_0.gguf",

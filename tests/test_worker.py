@@ -22,6 +22,7 @@ from omnidraft.core.worker.protocol import (
     CancelRequest,
     CatalogChanged,
     ChatRequest,
+    DescribeTarget,
     ErrorEvent,
     LearningProgress,
     LearnNow,
@@ -31,6 +32,7 @@ from omnidraft.core.worker.protocol import (
     PauseLearning,
     Shutdown,
     SwitchTarget,
+    TargetDescribed,
     TokenBatch,
     TurnDone,
     UpdateSettings,
@@ -181,6 +183,19 @@ def test_add_model_updates_the_catalog(worker, tiny_model):
     assert isinstance(changed, CatalogChanged), changed
     assert changed.request_id == add.request_id
     assert changed.added_id in {e.id for e in changed.catalog}
+
+
+def test_model_info_is_asked_for_and_answered_by_id(worker, smol_tok):
+    """The tiny target shares the tiny drafter's SmolLM2 tokenizer: same vocabulary."""
+    handle, events, loaded = worker
+    ask = DescribeTarget(handle.next_id())
+    handle.send(ask)
+    answer = events.until(lambda e: isinstance(e, (ErrorEvent, TargetDescribed)))[-1]
+    assert isinstance(answer, TargetDescribed) and answer.request_id == ask.request_id, answer
+    info = answer.info
+    assert info.model_id == loaded.model_id and info.name == loaded.name
+    assert info.architecture == "llama" and info.tokenizer_size == len(smol_tok)
+    assert info.same_vocabulary and info.drafter_vocab == len(smol_tok) and info.direct_share > 0.99
 
 
 def test_control_tokens_and_empty_messages_do_not_break_the_worker(worker):
@@ -337,6 +352,15 @@ def test_unexpected_exception_is_reported_with_traceback_and_loop_keeps_serving(
     loop.send(AddModel(2, str(home / "missing.gguf")))
     error = loop.events.until(lambda e: isinstance(e, ErrorEvent))[-1]
     assert "does not exist" in error.message and error.request_id == 2
+    loop.close()
+
+
+def test_model_info_before_any_model_loaded_is_a_clear_error(home):
+    loop = LoopThread(Engine())
+    loop.send(DescribeTarget(5))
+    error = loop.events.until(lambda e: isinstance(e, (ErrorEvent, TargetDescribed)))[-1]
+    assert isinstance(error, ErrorEvent) and error.request_id == 5
+    assert error.message == "No model is loaded yet." and error.detail == ""
     loop.close()
 
 

@@ -7,6 +7,7 @@ queue and writes typed events to another:
 
 * ChatRequest -> TokenBatch* (text batched every ~30 ms), then exactly one TurnDone
   (reason "error" after an ErrorEvent when the request fails).
+* DescribeTarget -> TargetDescribed (or an ErrorEvent when no model is loaded).
 * CancelRequest stops the running reply between decoding steps; the cancel check
   drains the request queue without blocking and keeps everything else queued in order.
 * After `idle_delay_s` without a request, learning runs one short step at a time
@@ -41,6 +42,7 @@ from .protocol import (
     CancelRequest,
     CatalogChanged,
     ChatRequest,
+    DescribeTarget,
     ErrorEvent,
     Event,
     LearningProgress,
@@ -53,6 +55,7 @@ from .protocol import (
     ResetPersonalization,
     Shutdown,
     SwitchTarget,
+    TargetDescribed,
     TokenBatch,
     TurnDone,
     UpdateSettings,
@@ -262,6 +265,8 @@ class WorkerLoop:
             self.emit(Notice(request.request_id, f"What was learned for {request.model_id} was reset."))
         elif isinstance(request, UpdateSettings):
             self._apply_settings(request.request_id, request.settings)
+        elif isinstance(request, DescribeTarget):
+            self._describe_target(request)
         else:
             raise TypeError(f"unknown request {type(request).__name__}")
 
@@ -292,6 +297,16 @@ class WorkerLoop:
                 self.engine.drafter_description,
             )
         )
+
+    def _describe_target(self, request: DescribeTarget) -> None:
+        from ..engine import InputError
+
+        try:
+            info = self.engine.describe_target()
+        except InputError as exc:  # no model loaded yet
+            self.emit(ErrorEvent(request.request_id, str(exc)))
+            return
+        self.emit(TargetDescribed(request.request_id, info))
 
     def _add_model(self, request: AddModel) -> None:
         from ..models.catalog import ModelError

@@ -1,8 +1,8 @@
 """Typed messages between the GUI process and the engine worker process.
 
 Requests flow GUI -> worker, events worker -> GUI. All are plain dataclasses
-(picklable across the multiprocessing "spawn" boundary, the catalog's ModelEntry
-and the engine's TurnStats included) so both sides can match on type and a type
+(picklable across the multiprocessing "spawn" boundary, the catalog's ModelEntry,
+the engine's TurnStats and ModelInfo included) so both sides can match on type and a type
 checker sees every field.
 
 Every request carries a request_id chosen by its sender (WorkerHandle.next_id:
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from ..events import TurnStats
 from ..models.catalog import ModelEntry
+from ..models.model_info import ModelInfo
 
 # ----------------------------------------------------------------- requests
 
@@ -74,6 +75,13 @@ class UpdateSettings:
 
 
 @dataclass
+class DescribeTarget:
+    """Model info…: what the loaded target is; TargetDescribed answers."""
+
+    request_id: int
+
+
+@dataclass
 class Shutdown:
     request_id: int
 
@@ -87,6 +95,7 @@ Request = (
     | PauseLearning
     | ResetPersonalization
     | UpdateSettings
+    | DescribeTarget
     | Shutdown
 )
 
@@ -156,6 +165,12 @@ class LearningProgress:
 
 
 @dataclass
+class TargetDescribed:
+    request_id: int  # the DescribeTarget it answers
+    info: ModelInfo
+
+
+@dataclass
 class ErrorEvent:
     request_id: int | None  # the failed request; None when tied to none
     message: str  # shown to the user as is
@@ -179,6 +194,7 @@ Event = (
     | TokenBatch
     | TurnDone
     | LearningProgress
+    | TargetDescribed
     | ErrorEvent
     | Notice
 )

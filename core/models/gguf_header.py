@@ -1,0 +1,104 @@
+"""A GGUF file's header (metadata and tensor table), read without reading the file.
+
+gguf.GGUFReader turns every entry of every array into an object: ~8 s here for a
+file with Qwen's 151k-token vocabulary. This reads the same header from a memory
+map with struct, skipping array contents (an array's value is its length), in
+milliseconds, so the worker can answer Model info… at once.
+
+Format (GGUF v2/v3, little-endian): magic "GGUF", version u32, tensor count u64,
+metadata count u64; each metadata entry is key (u64 length + UTF-8), value type
+u32, value; then per tensor: name, dimension count u32, dimensions u64 each, ggml
+type u32, data offset u64.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+           10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    ggml_type: int  # gguf.GGMLQuantizationType
+    n_elements: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, object]  # scalars and strings as they are; an array as its length
+    tensors: list[Tensor]
+
+
+class _Cursor:
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.pos = 0
+
+    def unpack(self, fmt: str):
+        value = struct.unpack_from(fmt, self.buffer, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        text = bytes(self.buffer[self.pos:self.pos + n]).decode("utf-8", "replace")
+        self.pos += n
+        return text
+
+    def value(self, kind: int):
+        if kind in _SCALAR:
+            return self.unpack(_SCALAR[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            item, count = self.unpack("<I"), self.unpack("<Q")
+            self.skip(item, count)
+            return count
+        raise ValueError(f"unknown GGUF value type {kind}")
+
+    def skip(self, kind: int, count: int) -> None:
+        if kind in _SCALAR:
+            self.pos += count * struct.calcsize(_SCALAR[kind])
+            return
+        for _ in range(count):  # strings and nested arrays have their own lengths
+            self.value(kind)
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """The header of a GGUF file; ValueError when it is not one (or is damaged)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+        try:
+            return _parse(_Cursor(buffer))
+        except (struct.error, UnicodeDecodeError, OverflowError) as exc:
+            raise ValueError(f"{Path(path).name} has a damaged GGUF header ({exc})") from exc
+
+
+def _parse(cursor: _Cursor) -> GGUFHeader:
+    if bytes(cursor.buffer[:4]) != b"GGUF":
+        raise ValueError("not a GGUF file")
+    cursor.pos = 4
+    version = cursor.unpack("<I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not supported")
+    n_tensors, n_metadata = cursor.unpack("<Q"), cursor.unpack("<Q")
+    metadata = {}
+    for _ in range(n_metadata):
+        key = cursor.string()
+        metadata[key] = cursor.value(cursor.unpack("<I"))
+    tensors = []
+    for _ in range(n_tensors):
+        name = cursor.string()
+        dims = [cursor.unpack("<Q") for _ in range(cursor.unpack("<I"))]
+        ggml_type = cursor.unpack("<I")
+        cursor.unpack("<Q")  # data offset
+        tensors.append(Tensor(name, ggml_type, math.prod(dims)))
+    return GGUFHeader(version, metadata, tensors)
