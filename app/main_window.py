@@ -24,6 +24,7 @@ from omnidraft.core.worker.protocol import (
     ModelLoaded,
     ModelLoading,
     Notice,
+    TargetDescribed,
     TokenBatch,
     TurnDone,
     UpdateSettings,
@@ -43,6 +44,7 @@ from .chat_session import ChatSession
 from .learning_control import LearningControl, set_checked_quietly
 from .message_widget import describe_stats
 from .metrics_history import MetricsHistory
+from .model_info_dialog import ModelInfoControl
 from .settings_dialog import SettingsDialog
 from .stall_monitor import StallMonitor
 from .target_control import STATUS_MS, TargetControl
@@ -75,6 +77,7 @@ class MainWindow(QMainWindow):
         self.targets_menu = TargetsMenu(self)  # before the charts: they ask it for model names
         self.targets = TargetControl(self.bridge, self.targets_menu, self.banner, self.stall,
                                      target or self.settings.last_target, self)
+        self.model_info = ModelInfoControl(self.bridge, self)
         self.session = ChatSession(self.store, self.bridge, lambda: self.settings, self)
         self.pane = ChatPane(self.store, self.session, self.targets, self.banner)
         self.chat, self.sidebar = self.pane.chat, self.pane.sidebar
@@ -150,6 +153,7 @@ class MainWindow(QMainWindow):
         self.session.finished.connect(lambda *_: self.stall.leave("streaming"))
         self.session.busy_changed.connect(self.actions["stop"].setEnabled)
         self.targets.loaded.connect(self._on_loaded)
+        self.targets_menu.info_requested.connect(self.model_info.ask)
         for part in (self.targets, self.learning, self.pane):
             part.status.connect(self._status)
         self.learning.paused_changed.connect(
@@ -208,6 +212,7 @@ class MainWindow(QMainWindow):
             TokenBatch: self.session.on_tokens,
             TurnDone: self._on_turn_done,
             LearningProgress: self.learning.on_progress,
+            TargetDescribed: self.model_info.on_described,
             ErrorEvent: self._on_error,
             Notice: lambda e: self._status(e.message, STATUS_MS * 2),
         }.get(type(event))
@@ -239,7 +244,8 @@ class MainWindow(QMainWindow):
     def _on_error(self, event: ErrorEvent) -> None:
         if event.detail:  # the message is written for people; the detail goes to the log
             log.warning("engine error: %s\n%s", event.message, event.detail)
-        if not self.session.on_error(event) and not self.targets.on_error(event):
+        parts = (self.session, self.targets, self.model_info)  # each claims the answers to its requests
+        if not any(part.on_error(event) for part in parts):
             self.banner.show_message("error", event.message)
 
     def _on_worker_died(self, message: str) -> None:

@@ -1,6 +1,7 @@
-"""The Targets menu: every catalog model, a check mark on the one in use, "Get
-models…" (downloads) and "Add local model…". It only emits what the user picked
-(a finished download is added like a local file); the window sends it."""
+"""The Targets menu: every catalog model, a check mark on the one in use, "Model
+info…" about it, "Get models…" (downloads) and "Add local model…". It only emits
+what the user picked (a finished download is added like a local file); the window
+sends it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def entry_label(entry: ModelEntry) -> str:
 class TargetsMenu(QMenu):
     switch_requested = Signal(str)  # catalog id, or the path of a model opened by path
     add_requested = Signal(str)  # a path (a local model, or a finished download)
+    info_requested = Signal()  # Model info… about the current target
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__("&Targets", parent)
@@ -88,6 +90,9 @@ class TargetsMenu(QMenu):
             action.triggered.connect(lambda _checked=False, i=entry.id: self._picked(i))
             self._group.addAction(action)
             self.addAction(action)
+        self.addSeparator()
+        info = self.addAction("Model info…", self.info_requested.emit)
+        info.setEnabled(self.current is not None)
         self.addSeparator()
         self.addAction("Get models…", self.show_get_models)
         self.addAction("Add local model folder…", self.ask_add_folder)
