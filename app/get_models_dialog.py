@@ -107,12 +107,12 @@ def machine_fit(offer: Offer, memory_free: int, disk_free: int, on_disk: int = 0
 class GetModelsDialog(QDialog):
     add_requested = Signal(str)  # a downloaded model file, for the catalog
 
-    def __init__(self, parent: QWidget | None = None, offers: tuple[Offer, ...] = CURATED):
+    def __init__(self, parent: QWidget | None = None, offers: tuple[Offer, ...] | None = None):
         super().__init__(parent)
         self.setWindowTitle("Get models")
         self.setObjectName("GetModelsDialog")
         self.resize(1080, 430)
-        self.offers = {o.id: o for o in offers}
+        self.offers = {o.id: o for o in offers or CURATED}
         self.transfers: dict[str, _Transfer] = {}
         self.errors: dict[str, str] = {}
         self.relay = _Relay(self)

@@ -17,6 +17,7 @@ from omnidraft.core.models.downloads import (
     download,
     local_state,
 )
+from omnidraft.core.storage import paths
 
 from tests.tiny import write_tiny_gguf
 
@@ -46,6 +47,8 @@ def test_download_reports_progress_and_the_file_joins_the_catalog(home, hub, ggu
     assert entry.id in {e.id for e in ModelCatalog().entries()}  # persisted
     assert download(OFFER) == path  # already there: nothing is fetched again
     assert len(hub.files[f"{OFFER.repo_id}/{OFFER.filename}"].ranges) == 1
+    paths.clear_data()  # Clear all data: what you typed and learned, not the gigabytes
+    assert local_state(OFFER).path == path and path.exists()
 
 
 def test_cancel_keeps_the_partial_file_and_a_later_download_resumes_it(home, hub, gguf_bytes):

@@ -137,3 +137,28 @@ def test_targets_menu_opens_the_dialog_and_adds_what_it_downloaded(home, qtbot, 
     first.hide()
     action.trigger()  # the same dialog again, with its downloads
     assert menu.get_models is first and first.isVisible()
+
+
+def test_a_finished_download_is_sent_to_the_engine_to_join_the_catalog(home, qapp, qt_loop, qtbot, hub,
+                                                                       gguf_bytes, monkeypatch):
+    """In the window: Targets → Get models…, Download; the file goes to the engine as
+    AddModel, whose answer (CatalogChanged) then switches to it like any added model."""
+    from omnidraft.app.main_window import MainWindow
+    from omnidraft.core.worker.protocol import AddModel
+
+    from tests.gui_helpers import ScriptedWorker, dispose
+
+    monkeypatch.setattr(get_models_dialog, "CURATED", (OFFER,))  # what the menu's dialog lists
+    hub.add(OFFER.repo_id, OFFER.filename, gguf_bytes)
+    worker = ScriptedWorker()
+    win = MainWindow(target="qwen", handle=worker)
+    try:
+        next(a for a in win.targets_menu.actions() if a.text() == "Get models…").trigger()
+        dlg = win.targets_menu.get_models
+        click(qtbot, dlg, OFFER.id)
+        qtbot.waitUntil(lambda: any(isinstance(r, AddModel) for r in worker.sent), timeout=WAIT_MS)
+        add = next(r for r in worker.sent if isinstance(r, AddModel))
+        assert add.path == str(local_state(OFFER).path) and add.request_id in win.targets.adds
+    finally:
+        win.close()
+        dispose(qapp, win)

@@ -120,8 +120,10 @@ CURATED: tuple[Offer, ...] = (
 # --------------------------------------------------------------------------- where files go
 
 def models_dir() -> Path:
-    """Downloaded models: user data (they are not re-created by the app itself)."""
-    return paths.private_dir(paths.data_dir() / "models")
+    """Downloaded models. In the cache folder, as huggingface_hub keeps its own
+    downloads: they can be fetched again (checked), and Clear all data, which is
+    about what you typed and what was learned from it, leaves these gigabytes."""
+    return paths.private_dir(paths.cache_dir() / "downloads")
 
 
 def final_path(offer: Offer) -> Path:
