@@ -43,6 +43,7 @@ class FakeHub:
     def __init__(self):
         self.files: dict[str, Served] = {}  # "{repo_id}/{filename}" -> file
         self.ignore_range = False  # answer a Range request with the whole file (200)
+        self.hub_headers = True  # False: answer like any web server (no X-Repo-Commit)
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -92,7 +93,8 @@ class FakeHub:
         if asked and not self.ignore_range:
             start = int(asked.removeprefix("bytes=").split("-")[0])
         handler.send_response(206 if start else 200)
-        handler.send_header("X-Repo-Commit", COMMIT)
+        if self.hub_headers:
+            handler.send_header("X-Repo-Commit", COMMIT)
         handler.send_header("ETag", f'"{served.sha256}"')
         handler.send_header("X-Linked-Etag", f'"{served.sha256}"')
         handler.send_header("X-Linked-Size", str(size))

@@ -110,10 +110,16 @@ def test_offline_gives_a_clear_message_and_writes_nothing(home, monkeypatch):
     assert local_state(OFFER) == downloads.LocalState(None, 0)
 
 
-def test_a_missing_file_and_too_little_disk_are_explained(home, hub, gguf_bytes, monkeypatch):
+def test_a_missing_file_a_stranger_server_and_too_little_disk_are_explained(
+    home, hub, gguf_bytes, monkeypatch
+):
     with pytest.raises(DownloadError, match="no longer in test-org/Tiny-GGUF"):
         download(OFFER)
     hub.add(OFFER.repo_id, OFFER.filename, gguf_bytes)
+    hub.hub_headers = False
+    with pytest.raises(DownloadError, match="did not answer like Hugging Face"):
+        download(OFFER)
+    hub.hub_headers = True
     monkeypatch.setattr(downloads.shutil, "disk_usage", lambda _p: type("U", (), {"free": 1000})())
     with pytest.raises(DownloadError, match="Not enough disk space"):
         download(OFFER)

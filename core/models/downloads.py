@@ -223,8 +223,13 @@ def _resolve(offer: Offer) -> _Remote:
         raise DownloadError(f"Hugging Face refused the download of {offer.name} (HTTP {status}).") from exc
     except (httpx2.TransportError, OSError) as exc:
         raise DownloadError(_offline_message(offer, url)) from exc
+    if not meta.commit_hash:  # every Hub answer names the commit; a portal or proxy page does not
+        raise DownloadError(
+            f"{_host(url)} did not answer like Hugging Face when asked for {offer.name} (a "
+            "proxy or a network login page in the way?); nothing was downloaded."
+        )
     sha256 = (meta.etag or "").lower()
-    if meta.size is None or not _SHA256.match(sha256) or not meta.commit_hash:
+    if meta.size is None or not _SHA256.match(sha256):
         raise DownloadError(
             f"Hugging Face did not give the size and checksum of {offer.filename}, so it could "
             "not be checked; nothing was downloaded."
