@@ -1,5 +1,5 @@
 import sys
 
-from omnidraft.bench.benchmark import main
+from omnidraft.bench.cli import main
 
 sys.exit(main())

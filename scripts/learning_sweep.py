@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from omnidraft.bench.benchmark import bench_home, read_prompts
+from omnidraft.bench.cli import bench_home, read_prompts
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats

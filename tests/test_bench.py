@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-from omnidraft.bench import benchmark as bench
+from omnidraft.bench import cli, runners
+from omnidraft.bench.report import engine_totals, first_difference
 from omnidraft.core.decoding.plain import Cancel, _never
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
@@ -36,7 +37,7 @@ def _run(args: list[str]) -> int:
     # No `home` fixture: the bench runs in its own temporary OMNIDRAFT_HOME whose cache
     # links to the session's, so the drafter the engine loads comes from .test-cache
     # instead of being converted again for every test.
-    return bench.main([str(a) for a in args])
+    return cli.main([str(a) for a in args])
 
 
 def test_target_and_hf_report(tiny_target, prompts_file, tmp_path, capsys):
@@ -105,8 +106,8 @@ def test_omnidraft_refuses_the_engines_plain_fallback(home):
 
     engine = PlainOnly()
     engine.warnings.append("Drafting is off: no drafter")
-    run = bench.engine_runner(engine, speculative=True)
-    with pytest.raises(bench.BenchError, match="decoded plainly.*no drafter"):
+    run = runners.engine_runner(engine, speculative=True)
+    with pytest.raises(runners.BenchError, match="decoded plainly.*no drafter"):
         run("hi", GenerationConfig(max_new_tokens=1))
 
 
@@ -120,18 +121,18 @@ def test_bad_inputs_are_reported_without_traceback(tiny_target, tmp_path, capsys
 
 
 def test_trim_and_first_difference():
-    assert bench.trim([5, 6, 2, 7], {2}, 10) == [5, 6]
-    assert bench.trim([5, 6, 7], {2}, 2) == [5, 6]
-    assert bench.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert bench.first_difference([1, 2, 3], [1, 9, 3]) == 1
-    assert bench.first_difference([1, 2], [1, 2, 3]) == 2
+    assert runners.trim([5, 6, 2, 7], {2}, 10) == [5, 6]
+    assert runners.trim([5, 6, 7], {2}, 2) == [5, 6]
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
 
 
 def test_temporary_home_links_the_real_cache_and_is_removed(home):
     from omnidraft.core.storage import paths
 
     real_cache = paths.cache_dir()
-    with bench.bench_home(None):
+    with cli.bench_home(None):
         run_home = paths.data_dir().parent
         assert run_home != home
         assert (run_home / "cache").resolve() == real_cache.resolve()
@@ -151,7 +152,7 @@ def test_uag_with_a_different_vocabulary_drafter(
         ModelEntry("tiny-drafter", "Tiny Gemma drafter", ""), tiny_gemma3(len(gemma_tok)),
         gemma_tok, 0.0,
     )  # fmt: skip
-    monkeypatch.setattr(bench, "uag_drafter", lambda *_: drafter)
+    monkeypatch.setattr(runners, "uag_drafter", lambda *_: drafter)
     out = tmp_path / "bench.json"
     rc = _run(
         ["--target", tiny_target, "--prompts", prompts_file, "--limit", 1,
@@ -174,8 +175,8 @@ def test_uag_gets_a_private_copy_of_the_engines_drafter(home):
     model = tiny_llama(64)
     engine.target = LoadedModel(ModelEntry("t", "T", ""), model, None, 0.0)
     engine.drafter = LoadedModel(ModelEntry("d", "D", ""), model, None, 0.0)
-    assert bench.shares_embeddings(engine)  # self-drafting: forward counts are not the target's
-    copy = bench.uag_drafter(engine, None, None)
+    assert runners.shares_embeddings(engine)  # self-drafting: forward counts are not the target's
+    copy = runners.uag_drafter(engine, None, None)
     assert copy.entry.name == "D" and copy.model is not model
 
 
@@ -205,7 +206,7 @@ def test_state_dir_is_kept_and_reuses_the_cache(home, tmp_path):
 
     real_cache = paths.cache_dir()
     state = tmp_path / "state"
-    with bench.bench_home(state):
+    with cli.bench_home(state):
         assert paths.data_dir() == state / "data"
         assert paths.cache_dir().resolve() == real_cache.resolve()
     assert (state / "data").is_dir() and paths.data_dir().parent == home
@@ -214,8 +215,8 @@ def test_state_dir_is_kept_and_reuses_the_cache(home, tmp_path):
 def test_engine_totals_add_up_turns():
     a = TurnStats(method="omnidraft", new_tokens=4, seconds=1.0, steps=2, proposed=6, accepted=3)
     b = TurnStats(method="omnidraft", new_tokens=2, seconds=0.5, steps=1, proposed=2, accepted=1)
-    outs = [bench.Output([1], 1.0, 1, a), bench.Output([1], 1.0, 1, b)]
-    total = bench.engine_totals(outs)
+    outs = [runners.Output([1], 1.0, 1, a), runners.Output([1], 1.0, 1, b)]
+    total = engine_totals(outs)
     assert total["new_tokens"] == 6 and total["proposed"] == 8 and total["acceptance_rate"] == 0.5
 
 
@@ -232,7 +233,7 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     evals = tmp_path / "dev.jsonl"
     evals.write_text(json.dumps({"prompt": "The cat sat on the"}) + "\n")
     out = tmp_path / "r.json"
-    rc = bench.main([
+    rc = cli.main([
         "--target", str(target), "--prompts", str(evals), "--adapt", str(train), "--dtype", "fp32",
         "--methods", "target,omnidraft", "--max-new-tokens", "8", "--json", str(out),
         "--state-dir", str(tmp_path / "state"),

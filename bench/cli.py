@@ -1,0 +1,227 @@
+"""`omnidraft-bench`'s command line: this engine's decoding against its peers.
+
+The methods (all on the same loaded target model, same prompt token ids) are in
+bench/runners.py, the report and its table in bench/report.py. With --chat each
+prompt is sent as one user message through the target's chat template
+(Engine.chat: the app's own path, as a user meets it); without it the prompt is
+a raw completion. --adapt measures, serves training prompts as the app would
+(recording and learning between them), then measures again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from omnidraft.bench.report import (
+    build_report,
+    format_adapt,
+    format_table,
+    load_average,
+    machine_cores,
+)
+from omnidraft.bench.runners import (
+    DTYPES,
+    METHODS,
+    BenchError,
+    adapt_on,
+    build_methods,
+    run_interleaved,
+)
+from omnidraft.core.engine import Engine, InputError
+from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, ModelError
+from omnidraft.core.storage import paths
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="omnidraft-bench",
+        description="Tokens/s of this engine's plain and speculative decoding against "
+        "transformers generate() and Universal Assisted Generation.",
+    )
+    p.add_argument("--target", required=True, help="catalog id or model path (GGUF or HF folder)")
+    p.add_argument("--prompts", required=True, type=Path, help='JSONL file, lines {"prompt": ...}')
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument(
+        "--seed", type=int, default=0, help="sampling seed of prompt 0 (+i for prompt i)"
+    )
+    p.add_argument(
+        "--methods", default=",".join(METHODS), help="comma list of " + ",".join(METHODS)
+    )
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="drafter catalog id or Llama model path (default: the engine's; "
+        f"OMNIDRAFT_DRAFTER or {SMOLLM2_ID})",
+    )
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="OMNIDRAFT_HOME for the run, where the engine keeps learned state "
+        "(default: a fresh temporary one, deleted afterwards)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send each prompt as a user message through the chat template (the app's path)",
+    )
+    p.add_argument("--json", type=Path, default=None, help="write the report here")
+    p.add_argument(
+        "--adapt",
+        type=Path,
+        default=None,
+        metavar="TRAIN.jsonl",
+        help="measure, then serve every TRAIN prompt with omnidraft as the app would "
+        "(record, learn between prompts), then measure again",
+    )
+    args = p.parse_args(argv)
+    args.methods = _method_list(args.methods)
+    if args.limit is not None and args.limit < 1:
+        raise BenchError("--limit must be at least 1")
+    if args.max_new_tokens < 1:
+        raise BenchError("--max-new-tokens must be at least 1")
+    if args.temperature < 0:
+        raise BenchError("--temperature must be 0 (greedy) or positive")
+    return args
+
+
+def _method_list(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)}")
+    return list(dict.fromkeys(names))  # keep order, drop repeats
+
+
+def read_prompts(path: Path, limit: int | None) -> list[dict]:
+    if not path.is_file():
+        raise BenchError(f"{path} does not exist")
+    rows: list[dict] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BenchError(f"{path}:{n}: not valid JSON ({exc})") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise BenchError(f'{path}:{n}: each line needs a "prompt" string')
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    if not rows:
+        raise BenchError(f"{path} holds no prompts")
+    return rows
+
+
+@contextmanager
+def bench_home(state_dir: Path | None) -> Iterator[Path | None]:
+    """Point OMNIDRAFT_HOME at the run's state dir; its cache/ links to the user's cache.
+
+    The real cache dir is resolved before switching home, so converted model
+    copies are reused rather than rebuilt for every run.
+    """
+    real_cache = paths.cache_dir()
+    home = state_dir or Path(tempfile.mkdtemp(prefix="omnidraft-bench-"))
+    home.mkdir(parents=True, exist_ok=True)
+    cache = home / "cache"
+    if not cache.exists() and not cache.is_symlink():
+        cache.symlink_to(real_cache, target_is_directory=True)
+    before = os.environ.get(paths.HOME_ENV)
+    os.environ[paths.HOME_ENV] = str(home)
+    try:
+        yield state_dir
+    finally:
+        if before is None:
+            os.environ.pop(paths.HOME_ENV, None)
+        else:
+            os.environ[paths.HOME_ENV] = before
+        if state_dir is None:
+            cache.unlink(missing_ok=True)  # never follow the link into the user's cache
+            shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
+    prompts = read_prompts(args.prompts, args.limit)
+    engine = Engine(catalog, DTYPES[args.dtype], drafter_id=args.drafter)
+    print(f"loading {args.target} ...", file=sys.stderr, flush=True)
+    engine.load_target(args.target)
+    methods, drafter = build_methods(args, engine, catalog)
+    train = read_prompts(args.adapt, None) if args.adapt else []
+    load_before = load_average()
+    start = time.perf_counter()
+    engine.evaluating = True  # evaluation never teaches the engine
+    run_interleaved(methods, engine.target.model, prompts, args)
+    if not train:
+        wall = time.perf_counter() - start
+        return build_report(args, engine, drafter, methods, prompts, wall, load_before)
+    before = build_report(args, engine, drafter, methods, prompts, time.perf_counter() - start, load_before)
+    engine.evaluating = False
+    adapt = adapt_on(engine, train, args)
+    engine.evaluating = True
+    for m in methods:
+        m.outputs = []
+    run_interleaved(methods, engine.target.model, prompts, args)
+    report = build_report(args, engine, drafter, methods, prompts, time.perf_counter() - start, load_before)
+    report["adapt"] = {
+        **adapt,
+        "before": before["methods"],
+        "after": report["methods"],
+        "greedy_identical_before": before["greedy_identical"],
+        "greedy_identical_after": report["greedy_identical"],
+    }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+        args.argv = argv
+        # The user's catalog, resolved before the run's home replaces it, so
+        # models they added are found by id.
+        catalog = ModelCatalog(paths.data_dir() / "catalog.json")
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # keep generate()'s advice out of the table
+        with bench_home(args.state_dir), torch_threads(args.threads or machine_cores()):
+            report = bench(args, catalog)
+    except (BenchError, ModelError, InputError) as exc:
+        print(f"omnidraft-bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    if "adapt" in report:
+        print(format_adapt(report["adapt"]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""What `omnidraft-bench` reports: per-method summaries, divergences, the machine, the table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+from dataclasses import fields
+
+import torch
+from omnidraft.bench.runners import Method, Output, prompt_ids
+from omnidraft.core.engine_api import EngineAPI
+from omnidraft.core.events import TurnStats
+from omnidraft.core.models.loader import LoadedModel
+
+
+def engine_totals(outputs: list[Output]) -> dict | None:
+    stats = [o.stats for o in outputs if o.stats is not None]
+    if not stats:
+        return None
+    total = TurnStats(method=stats[0].method)
+    counters = [  # the additive ones: counts and seconds
+        f.name
+        for f in fields(TurnStats)
+        if isinstance(getattr(total, f.name), int | float)
+        and not isinstance(getattr(total, f.name), bool)
+    ]
+    for s in stats:
+        for key in counters:
+            setattr(total, key, getattr(total, key) + getattr(s, key))
+    return total.as_dict()
+
+
+def identical_share(a: list[Output], b: list[Output]) -> float:
+    return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
+
+
+def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
+    new_tokens = sum(len(o.token_ids) for o in m.outputs)
+    seconds = sum(o.seconds for o in m.outputs)
+    forwards = sum(o.forwards for o in m.outputs)
+    engine = engine_totals(m.outputs)
+    proposed = engine["proposed"] if engine else 0
+    return {
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else 0.0,
+        "speedup": None,  # filled in once target's rate is known
+        "acceptance_rate": engine["accepted"] / proposed if proposed else None,
+        "tokens_per_step": new_tokens / forwards if forwards and m.forwards_reliable else None,
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "target_forwards": forwards if m.forwards_reliable else None,
+        "identical_to_target": (
+            identical_share(m.outputs, base.outputs) if greedy and base and m is not base else None
+        ),
+        "per_prompt_seconds": [o.seconds for o in m.outputs],
+        "engine": engine,
+    }
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.inference_mode()
+def top2_gap(model, ids: list[int]) -> float:
+    """Target's logit margin between its two best next tokens after ids (fresh forward)."""
+    logits = model(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def divergences(
+    m: Method, base: Method, target: LoadedModel, prompts: list[dict], chat: bool = False
+) -> list[dict]:
+    """Where a method's greedy output first leaves the target's, and how close the call was."""
+    found = []
+    for i, (mine, ref) in enumerate(zip(m.outputs, base.outputs)):
+        pos = first_difference(mine.token_ids, ref.token_ids)
+        if pos is None:
+            continue
+        ids = prompt_ids(target.tokenizer, prompts[i]["prompt"], chat) + ref.token_ids[:pos]
+        found.append({"prompt_index": i, "position": pos, "top2_gap": top2_gap(target.model, ids)})
+    return found
+
+
+def load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def machine_info(load_before: float | None) -> dict:
+    import transformers
+
+    return {
+        "torch_threads": torch.get_num_threads(),
+        # Other work on the cores skews every figure: record how busy the machine was.
+        "load_average_1min_before": load_before,
+        "load_average_1min_after": load_average(),
+        "cores": machine_cores(),
+        "cpu": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def build_report(
+    args: argparse.Namespace,
+    engine: EngineAPI,
+    drafter: str | None,
+    methods: list[Method],
+    prompts: list[dict],
+    wall: float,
+    load_before: float | None,
+) -> dict:
+    greedy = args.temperature <= 0
+    by_name = {m.name: m for m in methods}
+    base = by_name.get("target")
+    summary = {m.name: summarize(m, base, greedy) for m in methods}
+    base_rate = summary["target"]["tokens_per_s"] if base else 0.0
+    for s in summary.values():
+        s["speedup"] = s["tokens_per_s"] / base_rate if base_rate > 0 else None
+    diverged = {}
+    if greedy and base:
+        diverged = {
+            m.name: divergences(m, base, engine.target, prompts, args.chat)
+            for m in methods
+            if m is not base
+        }
+    spec = summary.get("omnidraft")
+    return {
+        "target": engine.target.entry.name,
+        "target_id": engine.target.entry.id,
+        "drafter": drafter,
+        "drafter_runtime": (
+            engine.drafter_description if "omnidraft" in by_name else None
+        ),
+        "dtype": args.dtype,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "greedy_identical": spec["identical_to_target"] if spec else None,
+        "methods": summary,
+        "divergences": diverged.get("omnidraft", []),
+        "divergences_by_method": diverged,
+        "chat": args.chat,
+        "outputs": {m.name: [o.token_ids for o in m.outputs] for m in methods},
+        # What was generated, readable: anyone can check the replies, not only time them.
+        "texts": {
+            m.name: [engine.target.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+                     for o in m.outputs]
+            for m in methods
+        },
+        "prompt_ids": [row.get("id", i) for i, row in enumerate(prompts)],
+        "state_dir": str(args.state_dir) if args.state_dir else None,
+        "wall_seconds": wall,
+        "command": shlex.join(["omnidraft-bench", *args.argv]),
+        "machine": machine_info(load_before),
+    }
+
+
+def format_adapt(adapt: dict) -> str:
+    lines = [
+        (f"adapt: {adapt['train_prompts']} training prompts served, {adapt['learn_steps']} learner "
+        f"steps, {adapt['ngram_cache_entries']} n-gram entries"),
+        (f"{'method':<10} {'before tok/s':>13} {'after tok/s':>12} {'before x':>9} {'after x':>8} "
+        f"{'accept before':>14} {'accept after':>13}"),
+    ]
+    for name, after in adapt["after"].items():
+        b = adapt["before"][name]
+        lines.append(
+            f"{name:<10} {b['tokens_per_s']:>13.2f} {after['tokens_per_s']:>12.2f} "
+            f"{_cell(b['speedup'], '.2f'):>9} {_cell(after['speedup'], '.2f'):>8} "
+            f"{_cell(b['acceptance_rate'], '.3f'):>14} {_cell(after['acceptance_rate'], '.3f'):>13}"
+        )
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def format_table(report: dict) -> str:
+    head = (
+        f"target: {report['target']}   drafter: {report['drafter'] or '-'}   "
+        f"dtype: {report['dtype']}   prompts: {report['prompts']}   "
+        f"max new tokens: {report['max_new_tokens']}   temperature: {report['temperature']}   "
+        f"prompts as: {'chat' if report.get('chat') else 'raw completion'}   "
+        f"threads: {report['machine']['torch_threads']}"
+    )
+    cols = (
+        f"{'method':<10} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'tok/step':>9} "
+        f"{'new tok':>8} {'seconds':>8} {'same as target':>15}"
+    )
+    lines = [head, cols]
+    n = report["prompts"]
+    for name, s in report["methods"].items():
+        same = s["identical_to_target"]
+        lines.append(
+            f"{name:<10} {s['tokens_per_s']:>9.2f} {_cell(s['speedup'], '.2f') + 'x':>8} "
+            f"{_cell(s['acceptance_rate'], '.3f'):>7} {_cell(s['tokens_per_step'], '.2f'):>9} "
+            f"{s['new_tokens']:>8} {s['seconds']:>8.2f} "
+            f"{'-' if same is None else f'{round(same * n)}/{n}':>15}"
+        )
+    for name, found in report["divergences_by_method"].items():
+        for d in found:
+            lines.append(
+                f"{name} differs from target on prompt {d['prompt_index']} at token "
+                f"{d['position']} (target top-2 logit gap {d['top2_gap']:.3f})"
+            )
+    return "\n".join(lines)
+
+
+def machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may use
+    except AttributeError:
+        return os.cpu_count() or 1

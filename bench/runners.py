@@ -1,0 +1,293 @@
+"""The methods `omnidraft-bench` times, each a Runner: prompt text in, token ids out.
+
+  target     this engine's plain decoding (Engine.complete)
+  hf         transformers model.generate() alone
+  uag        transformers assisted generation with the drafter as assistant_model
+             (Universal Assisted Generation when the vocabularies differ)
+  omnidraft  this engine's speculative decoding (Engine.complete(..., speculative=True))
+
+Every method is timed with the same wall clock around one whole call, prompt text
+in, token ids out; methods run interleaved prompt by prompt so machine drift hits
+all alike. tokens_per_step is new tokens per target forward call (prompt forward
+included), counted by a hook on the target's input embeddings: one definition for
+the engine and for transformers, so the peers compare. Plain decoding gives 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from omnidraft.core.decoding.sampling import GenerationConfig
+from omnidraft.core.engine import Engine
+from omnidraft.core.engine_api import EngineAPI
+from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
+from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
+from omnidraft.core.models.loader import LoadedModel, load
+
+METHODS = ("target", "hf", "uag", "omnidraft")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# A neutral warm-up text: the engine may learn from what it decodes, and the
+# warm-up must not hand it a benchmark prompt's continuation in advance.
+WARMUP_PROMPT = "The quick brown fox"
+WARMUP_TOKENS = 4
+
+
+class BenchError(Exception):
+    """A problem with the command line or the inputs; printed without a traceback."""
+
+
+@dataclass
+class Output:
+    """One method's result on one prompt."""
+
+    token_ids: list[int]
+    seconds: float  # wall clock around the whole call
+    forwards: int  # target forward calls, prompt forward included
+    stats: TurnStats | None = None  # the engine's own accounting (engine methods only)
+
+
+Runner = Callable[[str, GenerationConfig], tuple[list[int], TurnStats | None]]
+
+
+@dataclass
+class Method:
+    name: str
+    run: Runner
+    forwards_reliable: bool = True
+    outputs: list[Output] = field(default_factory=list)
+
+
+def as_chat(prompt: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}]
+
+
+def prompt_ids(tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    # Exactly how Engine.chat / Engine.complete tokenize, so every method decodes the same ids.
+    if chat:
+        return encode_chat(tokenizer, as_chat(prompt))
+    return tokenizer(prompt, split_special_tokens=True)["input_ids"]
+
+
+def trim(ids: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
+    """The engine's reply semantics: cut before the first stop id, at most max_new_tokens.
+
+    generate() keeps the eos it stopped on, and assisted generation can accept
+    tokens past it within one verified block.
+    """
+    for i, tok in enumerate(ids):
+        if tok in stops:
+            ids = ids[:i]
+            break
+    return ids[:max_new_tokens]
+
+
+def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> Runner:
+    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
+        if chat:
+            events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
+        else:
+            events = engine.complete(prompt, cfg, speculative=speculative)
+        done = [e for e in events if isinstance(e, TurnFinished)]
+        if not done:
+            raise RuntimeError("the engine finished without a TurnFinished event")
+        stats = done[-1].stats
+        if speculative and stats.method != "omnidraft":
+            # The engine falls back to plain decoding when its drafter is off; timing
+            # that as "omnidraft" would be a false figure.
+            why = "; ".join(engine.warnings) or "no drafter loaded"
+            raise BenchError(f"method 'omnidraft': the engine decoded plainly ({why})")
+        return list(done[-1].token_ids), stats
+
+    return run
+
+
+def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None, chat: bool = False) -> Runner:
+    """transformers generate() on the target, optionally assisted by a drafter."""
+    model, tok = target.model, target.tokenizer
+    stops = stop_token_ids(tok, model)  # the stop ids the engine uses
+    pad = tok.pad_token_id if tok.pad_token_id is not None else min(stops, default=0)
+    extra: dict = {}
+    if assistant is not None:
+        extra["assistant_model"] = assistant.model
+        # transformers decides "different tokenizers" by vocabulary size; follow it.
+        if model.config.get_text_config().vocab_size != (
+            assistant.model.config.get_text_config().vocab_size
+        ):
+            extra.update(tokenizer=tok, assistant_tokenizer=assistant.tokenizer)
+
+    @torch.inference_mode()
+    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
+        ids = prompt_ids(tok, prompt, chat)
+        x = torch.tensor([ids], dtype=torch.long)
+        sampling: dict = {"do_sample": False}
+        if not cfg.greedy:
+            # The engine samples from the full distribution (top-p only): no top-k.
+            sampling = {
+                "do_sample": True,
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "top_k": 0,
+            }
+            torch.manual_seed(cfg.seed if cfg.seed is not None else 0)
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=cfg.max_new_tokens,
+            eos_token_id=sorted(stops) or None,
+            pad_token_id=pad,
+            **sampling,
+            **extra,
+        )
+        return trim(out[0, len(ids) :].tolist(), stops, cfg.max_new_tokens), None
+
+    return run
+
+
+def uag_drafter(
+    engine: EngineAPI, dtype: torch.dtype, catalog: ModelCatalog, drafter_id: str | None = None
+) -> LoadedModel:
+    """The engine's drafter when it has one, else the bundled SmolLM2; always a private copy.
+
+    transformers prunes the assistant's LM head in place when sampling and keeps
+    its draft-length heuristic on the assistant between calls: the engine's own
+    drafter must not be touched by that. (engine.drafter is the transformers model
+    as loaded; the engine drafts with its own lean copy of the weights.)
+    """
+    own = engine.drafter
+    if own is None:
+        return load(catalog.get(drafter_id or SMOLLM2_ID), dtype)
+    return LoadedModel(own.entry, copy.deepcopy(own.model), own.tokenizer, 0.0)
+
+
+def shares_embeddings(engine: EngineAPI) -> bool:
+    """True when the engine's drafter calls the target's embedding module (self-drafting).
+
+    Then the forward counter would count drafter calls as target forwards.
+    """
+    if engine.drafter is None:
+        return False
+    return engine.drafter.model.get_input_embeddings() is engine.target.model.get_input_embeddings()
+
+
+@contextmanager
+def count_forwards(model) -> Iterator[list[int]]:
+    """Counts target forward calls: every forward embeds its input ids exactly once."""
+    calls = [0]
+
+    def hook(*_args) -> None:
+        calls[0] += 1
+
+    handle = model.get_input_embeddings().register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def timed(method: Method, target_model, prompt: str, cfg: GenerationConfig) -> Output:
+    with count_forwards(target_model) as calls:
+        start = time.perf_counter()
+        ids, stats = method.run(prompt, cfg)
+        seconds = time.perf_counter() - start
+    return Output(ids, seconds, calls[0], stats)
+
+
+def prompt_config(args: argparse.Namespace, index: int) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed + index
+    )
+
+
+def warm_up(method: Method) -> None:
+    """One short untimed generation: first-call overheads (allocations, lazy init) stay out.
+
+    It is also where a method that cannot run here fails, before any timing.
+    """
+    try:
+        method.run(WARMUP_PROMPT, GenerationConfig(max_new_tokens=WARMUP_TOKENS))
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise BenchError(f"method '{method.name}' cannot run: {type(exc).__name__}: {exc}") from exc
+
+
+def run_interleaved(
+    methods: list[Method], target_model, prompts: list[dict], args: argparse.Namespace
+) -> None:
+    """For each prompt, each method in turn, so drift of the machine hits all alike."""
+    for i, row in enumerate(prompts):
+        cfg = prompt_config(args, i)
+        line = []
+        for m in methods:
+            out = timed(m, target_model, row["prompt"], cfg)
+            m.outputs.append(out)
+            line.append(f"{m.name} {len(out.token_ids)} tok {out.seconds:.2f} s")
+        print(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(line), file=sys.stderr, flush=True)
+
+
+def build_methods(
+    args: argparse.Namespace, engine: EngineAPI, catalog: ModelCatalog
+) -> tuple[list[Method], str | None]:
+    """Runners in the order asked, warmed up; uag last so a lazily loaded drafter exists."""
+    made: dict[str, Method] = {}
+    if "target" in args.methods:
+        made["target"] = Method("target", engine_runner(engine, False, args.chat))
+    if "hf" in args.methods:
+        made["hf"] = Method("hf", hf_runner(engine.target, chat=args.chat))
+    if "omnidraft" in args.methods:
+        made["omnidraft"] = Method("omnidraft", engine_runner(engine, True, args.chat))
+    for m in made.values():
+        warm_up(m)
+    if "omnidraft" in made:
+        made["omnidraft"].forwards_reliable = not shares_embeddings(engine)
+    # The drafter is named only when a method used it (the engine may load one anyway).
+    drafter = engine.drafter.entry if engine.drafter is not None else None
+    name = drafter.name if drafter and "omnidraft" in made else None
+    if "uag" in args.methods:
+        assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
+        made["uag"] = Method("uag", hf_runner(engine.target, assistant, args.chat))
+        warm_up(made["uag"])
+        name = name or assistant.entry.name
+    return [made[m] for m in args.methods], name
+
+
+def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:
+    """Serve every training prompt with omnidraft as the app does: each finished
+    turn is recorded, and the learner runs its pass over the buffer in the gap
+    before the next prompt once a batch has gathered (the paper's schedule: every
+    I prompts one pass over the buffer, then clear it)."""
+    batch = engine.learn_settings.batch_size
+    serve_s = learn_s = 0.0
+    steps_before = None
+    last = None
+    for i, row in enumerate(train):
+        t0 = time.perf_counter()
+        for _ in engine.complete(row["prompt"], prompt_config(args, i), speculative=True):
+            pass
+        t1 = time.perf_counter()
+        if len(engine.buffer) >= batch or i == len(train) - 1:
+            while (progress := engine.idle_step()) is not None and progress.state == "running":
+                steps_before = progress.steps if steps_before is None else steps_before
+                last = progress
+                if progress.buffered == 0:
+                    break
+        serve_s, learn_s = serve_s + t1 - t0, learn_s + time.perf_counter() - t1
+        loss = f", loss {last.loss:.3f}" if last and last.loss is not None else ""
+        print(f"adapt {i + 1}/{len(train)}: served {t1 - t0:.1f} s, learned "
+              f"{time.perf_counter() - t1:.1f} s{loss}", file=sys.stderr, flush=True)
+    return {
+        "train_prompts": len(train),
+        "learn_steps": last.steps if last else 0,
+        "serve_seconds": serve_s,
+        "learn_seconds": learn_s,
+        "final_loss": last.loss if last else None,
+        "ngram_cache_entries": len(engine.bridge.cache),
+        # What adaptive drafting measured per draft source while serving (tokens/s).
+        "draft_sources": engine.draft_policy.summary(),
+    }
