@@ -16,7 +16,6 @@ from .chat_header import ChatHeader
 from .chat_session import ChatSession, FinishedReply
 from .chat_view import ChatView
 from .conversation_list import ConversationList
-from .message_widget import describe_stats
 from .target_control import STATUS_MS, TargetControl
 
 
@@ -55,6 +54,10 @@ class ChatPane(QSplitter):
         self.header.system_prompt_changed.connect(self.set_system_prompt)
         self.chat.send_requested.connect(self.send_message)
         self.chat.stop_requested.connect(self.stop_reply)
+        self.chat.edit_requested.connect(lambda index, text: self.with_chat(lambda c: session.edit(c, index, text)))
+        self.chat.regenerate_requested.connect(lambda: self.with_chat(session.regenerate))
+        self.chat.continue_requested.connect(lambda: self.with_chat(session.continue_reply))
+        self.chat.version_requested.connect(self.show_version)
         session.started.connect(self._on_reply_started)
         session.streamed.connect(self._on_reply_streamed)
         session.finished.connect(self._on_reply_finished)
@@ -67,32 +70,30 @@ class ChatPane(QSplitter):
             return
         if self.current_conv not in self.store:
             self.current_conv = self._new_conversation()
-        author = self.targets.name_of(self.targets.current or self.targets.wanted)
-        self.session.send(self.current_conv, text, self.targets.current, author)
+        self.session.send(self.current_conv, text)
 
     def stop_reply(self) -> None:
         if self.session.stop():
             self.status.emit("Stopping…", STATUS_MS)
 
+    def show_version(self, index: int, position: int) -> None:
+        """Show another version of the conversation from message `index` on."""
+        if self.session.active is None and self.current_conv in self.store:
+            self.store.switch_version(self.current_conv, index, position)
+            self.show_conversation(self.current_conv)
+
     def _on_reply_started(self, conv_id: str) -> None:
         if conv_id == self.current_conv:
-            user, reply = self.store.get(conv_id).messages[-2:]
-            self.chat.add_user(user["content"])
-            self.chat.begin_reply(reply["author"])
+            self.show_conversation(conv_id, refresh=False)
         self.refresh_sidebar()
 
     def _on_reply_streamed(self, conv_id: str, pieces: list) -> None:
         if conv_id == self.current_conv:
             self.chat.stream(pieces)
 
-    def _on_reply_finished(self, conv_id: str, reply: FinishedReply) -> None:
-        widget = self.chat.current_reply() if conv_id == self.current_conv else None
-        if widget is not None:
-            widget.flush()
-            if widget.raw != reply.text:
-                widget.set_text(reply.text, reply.drafted)
-            widget.set_note(reply.note)
-            widget.set_meta(describe_stats(reply.stats, reply.baseline))
+    def _on_reply_finished(self, conv_id: str, _reply: FinishedReply) -> None:
+        if conv_id == self.current_conv:  # the saved reply: its note, figures and buttons
+            self.show_conversation(conv_id, refresh=False)
         self.refresh_sidebar()
 
     # ------------------------------------------------------------ conversations

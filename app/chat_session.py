@@ -1,10 +1,14 @@
-"""The reply being written: from the user's message to a saved answer.
+"""The reply being written: from what the user did to a saved answer.
 
-ChatSession builds the ChatRequest from a conversation, accumulates the streamed
-text whichever chat is on screen, and finishes and saves the reply however it
-ends (done, stopped, failed, the engine died, the app closed). It owns no
-widget: the window shows what its signals say. A reply is kept here, not only in
-the view, so switching chats mid-reply or the worker dying never loses text.
+ChatSession turns a user's action in a chat (send, edit and resend, regenerate,
+continue) into a ChatRequest, accumulates the streamed text whichever chat is on
+screen, and finishes and saves the reply however it ends (done, stopped, failed,
+the engine died, the app closed). An edit or a regeneration forks the
+conversation (ConversationStore.fork): the old messages stay as another version.
+It owns no widget: the window shows what its signals say. A reply is kept here,
+not only in the view, so switching chats mid-reply or the worker dying never
+loses text; while it streams it is saved every second with an "interrupted"
+note, so neither does the app dying.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from omnidraft.core.worker.protocol import (
 )
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from .message_widget import runs_from_mask
+from .message_widget import mask_from_runs, runs_from_mask
+from .target_control import TargetControl
 from .worker_bridge import WorkerBridge
 
 NOTES = {
@@ -34,10 +39,21 @@ NOTES = {
     # On disk while a reply streams: what a restart shows if the app died meanwhile.
     "interrupted": "Interrupted: the app stopped while this reply was being written; the text so far is kept.",
 }
+NOT_RUNNING = "The engine is not running; the message was kept, send it again later."
 # A streaming reply is saved at most this often (in the background): a crash of the
 # app loses at most about this much of it.
 SAVE_EVERY_MS = 1000
-NOT_RUNNING = "The engine is not running; the message was kept, send it again later."
+
+
+def stopped_at_length(message: dict) -> bool:
+    """A reply cut short by the token limit (older files only have the note)."""
+    return message.get("finish_reason", "length" if message.get("note") == NOTES["length"] else "") == "length"
+
+
+def reply_actions(messages: list[dict], index: int) -> tuple[bool, bool]:
+    """(regenerate, continue) for the message at `index`: the last reply only."""
+    last = index == len(messages) - 1 and messages[index]["role"] == "assistant"
+    return last, last and bool(messages[index]["content"]) and stopped_at_length(messages[index])
 
 
 @dataclass
@@ -46,9 +62,9 @@ class ActiveReply:
 
     request_id: int
     conv_id: str
-    author: str
     message: dict  # the conversation's assistant message being written
-    text: str = ""
+    prefix: str = ""  # the text a continued reply had before
+    text: str = ""  # the whole reply so far, prefix included
     drafted: list[bool] = field(default_factory=list)  # per character: came from accepted drafts
     error: str | None = None
 
@@ -65,55 +81,52 @@ class FinishedReply:
 
 
 class ChatSession(QObject):
-    started = Signal(str)  # conversation id: it gained a user message and an empty reply
+    started = Signal(str)  # conversation id: its messages changed and a reply began
     streamed = Signal(str, list)  # conversation id, [(text, from accepted drafts)]
     finished = Signal(str, object)  # conversation id, FinishedReply
     busy_changed = Signal(bool)
 
     def __init__(
-        self, store: ConversationStore, bridge: WorkerBridge, settings: Callable[[], Settings],
-        parent: QObject | None = None,
+        self, store: ConversationStore, bridge: WorkerBridge, targets: TargetControl,
+        settings: Callable[[], Settings], parent: QObject | None = None,
     ):
         super().__init__(parent)
-        self.store = store
-        self.bridge = bridge
+        self.store, self.bridge, self.targets = store, bridge, targets
         self.settings = settings  # the window's current settings, read at each request
         self.active: ActiveReply | None = None
         self._save_timer = QTimer(self, singleShot=True, interval=SAVE_EVERY_MS)
         self._save_timer.timeout.connect(self._save_partial)
 
-    # ------------------------------------------------------------ requests
+    # ------------------------------------------------------------ what the user does
 
-    def send(self, conv_id: str, text: str, model_id: str | None, author: str) -> None:
-        """Append the user's message and ask the engine for a reply (one at a time)."""
-        if self.active is not None:
-            return
-        conv = self.store.append_message(conv_id, "user", text)
-        system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        history = system + [
-            {"role": m["role"], "content": m["content"]}
-            for m in conv.messages
-            if m["content"] or m["role"] == "user"  # a failed, empty reply is not context
-        ]
-        # Saved with the note a restart shows if the app dies before the reply ends.
-        extra = {"author": author, "note": NOTES["interrupted"]}
-        self.store.append_message(conv_id, "assistant", "", model_id=model_id, extra=extra)
-        message = self.store.get(conv_id).messages[-1]
-        s = self.settings()
-        request = ChatRequest(
-            request_id=self.bridge.next_id(),
-            messages=history,
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            speculative=s.speculative,
-        )
-        self.active = ActiveReply(request.request_id, conv_id, author, message)
-        self.started.emit(conv_id)
-        self.busy_changed.emit(True)
-        if not self.bridge.send(request):
-            self.active.error = NOT_RUNNING
-            self.finish("", NOT_RUNNING)
+    def send(self, conv_id: str, text: str) -> None:
+        """Append the user's message and ask for a reply (one reply at a time)."""
+        if self.active is None:
+            self.store.append_message(conv_id, "user", text)
+            self._reply(conv_id)
+
+    def edit(self, conv_id: str, index: int, text: str) -> None:
+        """Send an edited user message in place of message `index`; what followed
+        it stays as the other version."""
+        if self.active is None and self.store.get(conv_id).messages[index]["role"] == "user":
+            self.store.fork(conv_id, index, [{"role": "user", "content": text}])
+            self._reply(conv_id)
+
+    def regenerate(self, conv_id: str) -> None:
+        """Write the last reply again; the old one stays as the other version."""
+        messages = self.store.get(conv_id).messages
+        if self.active is None and reply_actions(messages, len(messages) - 1)[0]:
+            self.store.fork(conv_id, len(messages) - 1, [self._new_reply()])
+            self._request(conv_id, len(messages) - 1)
+
+    def continue_reply(self, conv_id: str) -> None:
+        """Go on writing the last reply, stopped at the token limit."""
+        messages = self.store.get(conv_id).messages
+        if self.active is None and reply_actions(messages, len(messages) - 1)[1]:
+            message = messages[-1]
+            message["note"] = NOTES["interrupted"]
+            self.store.save(conv_id)
+            self._request(conv_id, len(messages), continuing=message)
 
     def stop(self) -> bool:
         """Ask the engine to stop the reply; its TurnDone (cancelled) finishes it."""
@@ -127,7 +140,7 @@ class ChatSession(QObject):
         if self.active is not None:
             if reason == "closed":
                 self.bridge.send(CancelRequest(self.active.request_id))
-            self.finish(self.active.text, NOTES.get(reason))
+            self.finish(self.active.text, reason)
 
     def drop(self, conv_id: str) -> None:
         """The conversation is being deleted: stop its reply without saving it."""
@@ -136,6 +149,43 @@ class ChatSession(QObject):
             self.active = None
             self._save_timer.stop()
             self.busy_changed.emit(False)
+
+    # ------------------------------------------------------------ requests
+
+    def _new_reply(self) -> dict:
+        """An empty reply, saved with the note a restart shows if the app dies before it ends."""
+        author = self.targets.name_of(self.targets.current or self.targets.wanted)
+        return {"role": "assistant", "content": "", "author": author, "note": NOTES["interrupted"]}
+
+    def _reply(self, conv_id: str) -> None:
+        fields = {k: v for k, v in self._new_reply().items() if k not in ("role", "content")}
+        conv = self.store.append_message(conv_id, "assistant", "", model_id=self.targets.current, extra=fields)
+        self._request(conv_id, len(conv.messages) - 1)
+
+    def _request(self, conv_id: str, upto: int, continuing: dict | None = None) -> None:
+        """Ask for the reply to messages[:upto]: the message at `upto` (or, continuing,
+        the last one, which the model then goes on writing)."""
+        conv = self.store.get(conv_id)
+        system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        history = system + [
+            {"role": m["role"], "content": m["content"]}
+            for m in conv.messages[:upto]
+            if m["content"] or m["role"] == "user"  # a failed, empty reply is not context
+        ]
+        s = self.settings()
+        request = ChatRequest(
+            request_id=self.bridge.next_id(), messages=history, max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature, top_p=s.top_p, speculative=s.speculative,
+        )
+        message = continuing or conv.messages[upto]
+        prefix = message["content"] if continuing else ""
+        drafted = mask_from_runs(message.get("drafted", []), len(prefix))
+        self.active = ActiveReply(request.request_id, conv_id, message, prefix, prefix, drafted)
+        self.started.emit(conv_id)
+        self.busy_changed.emit(True)
+        if not self.bridge.send(request):
+            self.active.error = NOT_RUNNING
+            self.finish(prefix, "error")
 
     # ------------------------------------------------------------ engine events
 
@@ -163,8 +213,8 @@ class ChatSession(QObject):
         if reply is None or event.request_id != reply.request_id:
             return
         stats = event.stats.as_dict() if event.stats is not None else None
-        note = reply.error if event.reason == "error" else NOTES.get(event.reason)
-        self.finish(event.text or reply.text, note, stats, event.model_id, event.baseline_tokens_per_s)
+        text = reply.prefix + event.text if event.text else reply.text
+        self.finish(text, event.reason, stats, event.model_id, event.baseline_tokens_per_s)
 
     def on_error(self, event: ErrorEvent) -> bool:
         """True when the error is the active reply's (TurnDone follows and shows it)."""
@@ -176,19 +226,20 @@ class ChatSession(QObject):
     # ------------------------------------------------------------ finishing
 
     def finish(
-        self, text: str, note: str | None, stats: dict | None = None,
+        self, text: str, reason: str, stats: dict | None = None,
         model_id: str | None = None, baseline: float | None = None,
     ) -> None:
-        """Save the reply as it ended and tell the view."""
+        """Save the reply as it ended (`reason`: the engine's finish reason, or
+        "closed", "worker_died", "cleared") and tell the view."""
         reply = self.active
         if reply is None:
             return
         self.active = None
         self._save_timer.stop()
+        note = reply.error if reason == "error" else NOTES.get(reason)
         drafted = (reply.drafted + [False] * len(text))[: len(text)]
         message = reply.message
-        message["content"] = text
-        message["drafted"] = runs_from_mask(drafted)
+        message.update(content=text, drafted=runs_from_mask(drafted), finish_reason=reason)
         message.pop("note", None)  # "interrupted" held only while it streamed
         for key, value in (("stats", stats), ("model_id", model_id),
                            ("baseline_tokens_per_s", baseline), ("note", note)):

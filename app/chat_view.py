@@ -7,8 +7,9 @@ unless the user has scrolled up to read something.
 
 from __future__ import annotations
 
+from omnidraft.core.storage.conversations import version_of
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QShowEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .chat_session import reply_actions
 from .message_widget import MessageWidget, describe_stats, mask_from_runs
 
 COLUMN_MAX_WIDTH = 860  # long lines are hard to read; wide windows get margins instead
@@ -49,6 +51,10 @@ class Composer(QPlainTextEdit):
             return
         super().keyPressEvent(event)
 
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self._fit()  # again: the style sheet's padding and font apply only once it is polished
+
     def _fit(self) -> None:
         """Grow with the text up to a few lines, then scroll."""
         lines = max(1, min(COMPOSER_MAX_LINES, self.document().lineCount()))
@@ -58,9 +64,21 @@ class Composer(QPlainTextEdit):
                             + margins.top() + margins.bottom() + 4)
 
 
+def _looks(message: dict, assistant_name: str) -> tuple[str, str, str, list[bool]]:
+    """What a message widget shows of a message: role, author, text, drafted mask."""
+    content = message.get("content", "")
+    author = "You" if message["role"] == "user" else message.get("author") or assistant_name
+    return message["role"], author, content, mask_from_runs(message.get("drafted", []), len(content))
+
+
 class ChatView(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
+    # What a message's own buttons ask for, by its index in the conversation's messages.
+    edit_requested = Signal(int, str)  # a user message's index, its new text
+    version_requested = Signal(int, int)  # a branch point's index, the version to show
+    regenerate_requested = Signal()
+    continue_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -137,29 +155,28 @@ class ChatView(QWidget):
         self.empty_hint.show()
 
     def load(self, messages: list[dict], assistant_name: str) -> None:
-        """Show a saved conversation (replaces what is shown)."""
-        self.clear()
-        for m in messages:
-            if m.get("role") == "system":
-                continue
-            author = "You" if m["role"] == "user" else m.get("author") or assistant_name
-            widget = self._add(m["role"], author)
-            content = m.get("content", "")
-            widget.set_text(content, mask_from_runs(m.get("drafted", []), len(content)))
+        """Show a conversation. The messages already shown as they are stay (a new
+        turn, an edit or a switch of version re-renders only what changed)."""
+        shown = [(i, m, _looks(m, assistant_name)) for i, m in enumerate(messages) if m.get("role") != "system"]
+        keep = 0
+        while keep < min(len(self.messages), len(shown)) and self.messages[keep].looks() == shown[keep][2]:
+            keep += 1
+        for widget in self.messages[keep:]:
+            widget.hide()  # at once: deleteLater leaves it in the column until the next loop pass
+            widget.deleteLater()
+        del self.messages[keep:]
+        for _, _, (role, author, content, drafted) in shown[keep:]:
+            self._add(role, author).set_text(content, drafted)
+        for widget, (i, m, _) in zip(self.messages, shown):
+            widget.flush()
+            widget.index = i
             widget.set_note(m.get("note"))
             widget.set_meta(describe_stats(m.get("stats"), m.get("baseline_tokens_per_s")))
-        self._stick_to_bottom = True
-
-    def add_user(self, text: str) -> MessageWidget:
-        widget = self._add("user", "You")
-        widget.set_text(text)
-        self._stick_to_bottom = True
-        return widget
-
-    def begin_reply(self, author: str) -> MessageWidget:
-        widget = self._add("assistant", author)
-        widget.set_note("…")
-        return widget
+            widget.set_version(version_of(m))
+            widget.set_actions(*reply_actions(messages, i))
+        self.empty_hint.setVisible(not self.messages)
+        if keep < len(shown):  # something new at the end: show it (else stay where the user reads)
+            self._stick_to_bottom = True
 
     def current_reply(self) -> MessageWidget | None:
         if self.messages and self.messages[-1].role == "assistant":
@@ -184,6 +201,11 @@ class ChatView(QWidget):
     def _add(self, role: str, author: str) -> MessageWidget:
         widget = MessageWidget(role, author)
         widget.set_highlight(self.highlight and role == "assistant")
+        widget.set_actions_enabled(not self.busy)
+        widget.edited.connect(lambda text: self.edit_requested.emit(widget.index, text))
+        widget.version_requested.connect(lambda position: self.version_requested.emit(widget.index, position))
+        widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.continue_requested.connect(self.continue_requested)
         self.column_layout.insertWidget(self.column_layout.count() - 1, widget)
         self.messages.append(widget)
         self.empty_hint.hide()
@@ -193,6 +215,8 @@ class ChatView(QWidget):
 
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
+        for widget in self.messages:
+            widget.set_actions_enabled(not busy)
         self.send_button.setText("Stop" if busy else "Send")
         self.send_button.setProperty("stop", busy)
         self.send_button.style().unpolish(self.send_button)  # re-apply the [stop] style

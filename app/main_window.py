@@ -78,7 +78,7 @@ class MainWindow(QMainWindow):
         self.targets = TargetControl(self.bridge, self.targets_menu, self.banner, self.stall,
                                      target or self.settings.last_target, self)
         self.model_info = ModelInfoControl(self.bridge, self)
-        self.session = ChatSession(self.store, self.bridge, lambda: self.settings, self)
+        self.session = ChatSession(self.store, self.bridge, self.targets, lambda: self.settings, self)
         self.pane = ChatPane(self.store, self.session, self.targets, self.banner)
         self.chat, self.sidebar = self.pane.chat, self.pane.sidebar
         self.chat.set_highlight(self.settings.highlight_drafts)

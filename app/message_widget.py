@@ -1,11 +1,25 @@
-"""One message in the chat column: who wrote it, a Copy button, the body, a note."""
+"""One message in the chat column: who wrote it, its actions, the body, a note.
+
+Actions: Copy on every message; Edit on the user's (edited in place, then sent
+again: the conversation forks there); Regenerate on the last reply and Continue
+on a last reply that stopped at the token limit; "‹ 2/3 ›" on a message that
+starts one of several versions. The widget only asks; the chat pane does it.
+"""
 
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from .markdown_blocks import ReplyBody, copy_button
 
@@ -51,10 +65,27 @@ def mask_from_runs(runs: list, length: int) -> list[bool]:
     return mask
 
 
+def action_button(text: str, tooltip: str, slot, name: str = "MessageAction") -> QToolButton:
+    button = QToolButton()
+    button.setText(text)
+    button.setToolTip(tooltip)
+    button.setObjectName(name)
+    button.setCursor(Qt.CursorShape.PointingHandCursor)
+    button.clicked.connect(slot)
+    return button
+
+
 class MessageWidget(QFrame):
+    edited = Signal(str)  # a user message, edited: send it again in its place
+    version_requested = Signal(int)  # the position of the version to show instead
+    regenerate_requested = Signal()
+    continue_requested = Signal()
+
     def __init__(self, role: str, author: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.role = role
+        self.index = -1  # its place in the conversation's messages (set by the chat view)
+        self.version: tuple[int, int] | None = None  # (position, count) when it has versions
         self.setObjectName("UserMessage" if role == "user" else "AssistantMessage")
         self.raw = ""
         self.drafted: list[bool] = []  # per character of raw: came from accepted drafts
@@ -77,18 +108,105 @@ class MessageWidget(QFrame):
         self.meta.setObjectName("MessageMeta")
         self.meta.hide()
 
+        self.previous = action_button("‹", "Previous version", lambda: self._step_version(-1), "VersionArrow")
+        self.next = action_button("›", "Next version", lambda: self._step_version(1), "VersionArrow")
+        self.version_label = QLabel()
+        self.version_label.setObjectName("VersionLabel")
+        self.edit = action_button("Edit", "Edit this message and send it again", self.open_editor)
+        self.regenerate = action_button("Regenerate", "Write this reply again (this one is kept)",
+                                        self.regenerate_requested)
+        self.continue_ = action_button("Continue", "Go on writing this reply", self.continue_requested)
+        self.versions_row = (self.previous, self.version_label, self.next)
+        self.actions = (self.edit, self.regenerate, self.continue_)
+
         header = QHBoxLayout()
         header.setContentsMargins(0, 0, 0, 0)
+        header.setSpacing(2)
         header.addWidget(self.author)
+        header.addSpacing(8)
+        for widget in self.versions_row:
+            header.addWidget(widget)
         header.addStretch(1)
-        header.addWidget(self.copy)
+        for widget in (*self.actions, self.copy):
+            header.addWidget(widget)
+        self.editor = QPlainTextEdit()
+        self.editor.setObjectName("MessageEditor")
+        self.editor.setTabChangesFocus(True)
+        self.edit_buttons = QWidget()
+        edit_row = QHBoxLayout(self.edit_buttons)
+        edit_row.setContentsMargins(0, 0, 0, 0)
+        edit_row.addStretch(1)
+        self.cancel_edit = action_button("Cancel", "Keep the message as it was", self.close_editor)
+        self.send_edit = action_button("Send", "Send the edited message (the old one is kept)", self._send_edit,
+                                       "EditSendButton")
+        edit_row.addWidget(self.cancel_edit)
+        edit_row.addWidget(self.send_edit)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(14, 8, 14, 10)
         layout.setSpacing(4)
         layout.addLayout(header)
-        layout.addWidget(self.body)
-        layout.addWidget(self.note)
-        layout.addWidget(self.meta)
+        for widget in (self.body, self.editor, self.edit_buttons, self.note, self.meta):
+            layout.addWidget(widget)
+        self.close_editor()
+        self.set_version(None)
+        self.set_actions(False, False)
+
+    # ------------------------------------------------------------ actions
+
+    def set_version(self, version: tuple[int, int] | None) -> None:
+        """(position, count) of the version this message starts, or None."""
+        self.version = version
+        for widget in self.versions_row:
+            widget.setVisible(version is not None)
+        if version is not None:
+            position, count = version
+            self.version_label.setText(f"{position + 1}/{count}")
+            self.previous.setEnabled(position > 0)
+            self.next.setEnabled(position < count - 1)
+
+    def set_actions(self, regenerate: bool, continue_: bool) -> None:
+        """Which of Regenerate and Continue this reply offers (Edit: every user message)."""
+        self.edit.setVisible(self.role == "user" and self.editor.isHidden())
+        self.regenerate.setVisible(regenerate)
+        self.continue_.setVisible(continue_)
+
+    def set_actions_enabled(self, on: bool) -> None:
+        """Off while a reply is being written: the conversation must not change under it."""
+        for widget in (*self.actions, self.previous, self.next, self.send_edit):
+            widget.setEnabled(on)
+        if on and self.version is not None:
+            self.set_version(self.version)  # first/last keep their arrow off
+
+    def _step_version(self, step: int) -> None:
+        if self.version is not None:
+            self.version_requested.emit(self.version[0] + step)
+
+    def open_editor(self) -> None:
+        self.editor.setPlainText(self.raw)
+        self.editor.setFixedHeight(max(60, min(240, int(self.body.height()) + 24)))
+        self._show_editor(True)
+        self.editor.setFocus()
+
+    def close_editor(self) -> None:
+        self._show_editor(False)
+
+    def _show_editor(self, on: bool) -> None:
+        for widget in (self.editor, self.edit_buttons):
+            widget.setVisible(on)
+        self.body.setVisible(not on)
+        self.edit.setVisible(self.role == "user" and not on)
+
+    def _send_edit(self) -> None:
+        text = self.editor.toPlainText().strip()
+        if text:
+            self.close_editor()
+            self.edited.emit(text)
+
+    # ------------------------------------------------------------ content
+
+    def looks(self) -> tuple[str, str, str, list[bool]]:
+        """Role, author, text and drafted mask, as the chat view compares them."""
+        return self.role, self.author.text(), self.raw, self.drafted
 
     def set_text(self, raw: str, drafted: list[bool] | None = None) -> None:
         self.raw = raw

@@ -57,6 +57,25 @@ QToolTip {{ background: #ffffff; color: {TEXT}; border: 1px solid {BORDER}; padd
     border: none; color: {MUTED_TEXT}; padding: 2px 6px; border-radius: 5px; font-size: 8.5pt;
 }}
 #CopyButton:hover {{ background: #e8ebf0; color: {TEXT}; }}
+#MessageAction {{
+    border: none; color: {MUTED_TEXT}; padding: 2px 6px; border-radius: 5px; font-size: 8.5pt;
+}}
+#MessageAction:hover {{ background: #e8ebf0; color: {TEXT}; }}
+#MessageAction:disabled {{ color: #c3c8cf; }}
+#VersionLabel {{ color: {MUTED_TEXT}; font-size: 8.5pt; }}
+#VersionArrow {{
+    border: none; color: {MUTED_TEXT}; padding: 0 5px; border-radius: 5px; font-size: 13pt; font-weight: 600;
+}}
+#VersionArrow:hover {{ background: #e8ebf0; color: {TEXT}; }}
+#VersionArrow:disabled {{ color: #c3c8cf; }}
+#EditSendButton {{
+    background: {ACCENT}; color: white; border: none; border-radius: 6px; padding: 3px 12px; font-weight: 600;
+}}
+#EditSendButton:hover {{ background: {ACCENT_DARK}; }}
+#MessageEditor {{
+    background: white; border: 1px solid #cfd6df; border-radius: 8px; padding: 4px 6px;
+}}
+#MessageEditor:focus {{ border: 1px solid {ACCENT}; }}
 
 #ChatHeader {{ background: #ffffff; border-bottom: 1px solid {BORDER}; }}
 #HeaderCaption {{ color: {MUTED_TEXT}; font-weight: 600; font-size: 9pt; }}

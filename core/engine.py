@@ -242,7 +242,9 @@ class Engine:
         every later turn fail. Only the last message being too long is an error."""
         if self.target is None:
             raise InputError("No model is loaded yet.")
-        if not messages or not messages[-1].get("content", "").strip():
+        # A conversation ending with a reply asks to continue it (encode_chat); only a
+        # new message must say something.
+        if not messages or (messages[-1].get("role") != "assistant" and not messages[-1].get("content", "").strip()):
             raise InputError("The message is empty; type something first.")
         if len(messages[-1]["content"]) > MAX_MESSAGE_CHARS:
             raise InputError(

@@ -130,3 +130,87 @@ def test_chats_saved_before_system_prompts_still_open(home, qapp, qt_loop):
     finally:
         win.close()
         dispose(qapp, win)
+
+
+def answer(win, worker, text: str, reason: str = "eos") -> ChatRequest:
+    """Play the engine's whole answer to the last request; returns that request."""
+    request = last_chat_request(worker)
+    win.on_event(TokenBatch(request.request_id, [(text, False)]))
+    win.on_event(TurnDone(request.request_id, text, reason, None, "model-a", None))
+    return request
+
+
+def shown(win) -> list[str]:
+    return [m.raw for m in win.chat.messages]
+
+
+def test_editing_a_past_message_forks_and_both_branches_survive_a_restart(scripted, qapp, qtbot):
+    win, worker = scripted
+    for question, reply in (("Q1", "A1"), ("Q2", "A2")):
+        win.pane.send_message(question)
+        answer(win, worker, reply)
+    conv_id = win.pane.current_conv
+
+    first = win.chat.messages[0]
+    assert first.edit.isVisibleTo(first) and first.version is None
+    qtbot.mouseClick(first.edit, Qt.MouseButton.LeftButton)
+    first.editor.setPlainText("Q1, said better")
+    qtbot.mouseClick(first.send_edit, Qt.MouseButton.LeftButton)
+    assert last_chat_request(worker).messages == [{"role": "user", "content": "Q1, said better"}]
+    assert not win.chat.messages[0].next.isEnabled()  # busy: no switching under a reply
+    answer(win, worker, "B1")
+    assert shown(win) == ["Q1, said better", "B1"]
+    assert win.chat.messages[0].version_label.text() == "2/2"
+
+    qtbot.mouseClick(win.chat.messages[0].previous, Qt.MouseButton.LeftButton)
+    assert shown(win) == ["Q1", "A1", "Q2", "A2"]
+    assert win.chat.messages[0].version_label.text() == "1/2"
+
+    restarted = MainWindow(handle=IdleWorker())
+    try:
+        assert restarted.pane.current_conv == conv_id
+        assert shown(restarted) == ["Q1", "A1", "Q2", "A2"]
+        qtbot.mouseClick(restarted.chat.messages[0].next, Qt.MouseButton.LeftButton)
+        assert shown(restarted) == ["Q1, said better", "B1"]
+    finally:
+        restarted.close()
+        dispose(qapp, restarted)
+
+
+def test_regenerate_keeps_the_old_reply_as_another_version(scripted, qtbot):
+    win, worker = scripted
+    win.pane.send_message("Name a colour.")
+    answer(win, worker, "Red.")
+    user, reply = win.chat.messages
+    assert reply.regenerate.isVisibleTo(reply) and not user.regenerate.isVisibleTo(user)
+    qtbot.mouseClick(reply.regenerate, Qt.MouseButton.LeftButton)
+    request = last_chat_request(worker)
+    assert request.messages == [{"role": "user", "content": "Name a colour."}]
+    assert not win.chat.messages[-1].regenerate.isEnabled()  # while it is written
+    answer(win, worker, "Blue.")
+    assert shown(win) == ["Name a colour.", "Blue."]
+    assert win.chat.messages[1].version_label.text() == "2/2"
+    qtbot.mouseClick(win.chat.messages[1].previous, Qt.MouseButton.LeftButton)
+    assert shown(win) == ["Name a colour.", "Red."]
+    assert [m["content"] for m in on_disk(win, win.pane.current_conv)] == ["Name a colour.", "Red."]
+
+
+def test_continue_goes_on_from_a_reply_cut_at_the_token_limit(scripted, qtbot):
+    win, worker = scripted
+    win.pane.send_message("Tell me a story.")
+    answer(win, worker, "Once upon", reason="length")
+    reply = win.chat.messages[-1]
+    assert reply.note.text() == NOTES["length"] and reply.continue_.isVisibleTo(reply)
+    qtbot.mouseClick(reply.continue_, Qt.MouseButton.LeftButton)
+    request = last_chat_request(worker)
+    assert request.messages[-1] == {"role": "assistant", "content": "Once upon"}  # the model goes on from it
+    win.on_event(TokenBatch(request.request_id, [(" a time", True)]))
+    assert win.chat.messages[-1].raw == "Once upon a time"
+    win.on_event(TurnDone(request.request_id, " a time", "eos", None, "model-a", None))
+
+    saved = on_disk(win, win.pane.current_conv)[-1]
+    assert (saved["content"], saved["finish_reason"], saved["drafted"]) == ("Once upon a time", "eos", [[9, 16]])
+    assert "note" not in saved
+    reply = win.chat.messages[-1]
+    assert len(win.chat.messages) == 2 and reply.note.isHidden()
+    assert not reply.continue_.isVisibleTo(reply) and reply.regenerate.isVisibleTo(reply)

@@ -7,7 +7,12 @@ import keyring
 import pytest
 from keyring.backends import fail
 from omnidraft.core.storage import conversations, secure_store
-from omnidraft.core.storage.conversations import DEFAULT_TITLE, ConversationStore, title_from
+from omnidraft.core.storage.conversations import (
+    DEFAULT_TITLE,
+    ConversationStore,
+    title_from,
+    version_of,
+)
 from omnidraft.core.storage.paths import data_dir
 from omnidraft.core.storage.secure_store import KeyStore, save_encrypted
 
@@ -158,3 +163,48 @@ def test_title_from_first_line():
     assert title_from("   ") == DEFAULT_TITLE
     long = title_from("x" * 500)
     assert len(long) == 60 and long.endswith("…")
+
+
+def _texts(conv) -> list[str]:
+    return [m["content"] for m in conv.messages]
+
+
+def test_forks_keep_every_version_switchable_and_saved(home):
+    store = ConversationStore()
+    conv = store.new()
+    for role, text in (("user", "Q1"), ("assistant", "A1"), ("user", "Q2"), ("assistant", "A2")):
+        store.append_message(conv.id, role, text)
+
+    store.fork(conv.id, 2, [{"role": "user", "content": "Q2 edited"}])  # edit Q2
+    store.append_message(conv.id, "assistant", "A2'")
+    store.fork(conv.id, 3, [{"role": "assistant", "content": "A2''"}])  # regenerate inside the edit
+    assert _texts(store.get(conv.id)) == ["Q1", "A1", "Q2 edited", "A2''"]
+    assert version_of(store.get(conv.id).messages[2]) == (1, 2)
+    assert version_of(store.get(conv.id).messages[3]) == (1, 2)
+
+    store.switch_version(conv.id, 2, 0)  # back to the original question and its answer
+    assert _texts(store.get(conv.id)) == ["Q1", "A1", "Q2", "A2"]
+    assert version_of(store.get(conv.id).messages[2]) == (0, 2)
+    assert version_of(store.get(conv.id).messages[3]) is None
+
+    reread = ConversationStore().get(conv.id)  # both branches survive a restart
+    assert _texts(reread) == ["Q1", "A1", "Q2", "A2"]
+    store = ConversationStore()
+    store.switch_version(conv.id, 2, 1)  # the edited branch, with its own two replies
+    assert _texts(store.get(conv.id)) == ["Q1", "A1", "Q2 edited", "A2''"]
+    store.switch_version(conv.id, 3, 0)
+    assert _texts(ConversationStore().get(conv.id)) == ["Q1", "A1", "Q2 edited", "A2'"]
+
+    with pytest.raises(ValueError, match="no version 5"):
+        store.switch_version(conv.id, 2, 5)
+    with pytest.raises(ValueError, match="no message 9"):
+        store.fork(conv.id, 9, [{"role": "user", "content": "x"}])
+
+
+def test_a_file_with_malformed_versions_is_quarantined(home):
+    conv_id = "1" * 32
+    bad = {"id": conv_id, "title": "t", "created": 1.0, "updated": 1.0,
+           "messages": [{"role": "user", "content": "hi", "versions": [[{"role": "user"}], None]}]}
+    save_encrypted(data_dir() / "conversations" / f"{conv_id}.chat", bad)
+    store = ConversationStore()
+    assert conv_id not in store and "damaged" in store.warnings[0]

@@ -122,6 +122,18 @@ def test_qwen_chat_uses_its_own_template_with_its_default_system_prompt(qwen_tok
     assert own.startswith("<|im_start|>system\nBe brief.<|im_end|>") and "You are Qwen" not in own
 
 
+@pytest.mark.parametrize("tok_name, chat_format", [("smol_tok", "template"), ("qwen_tok", "template"),
+                                                    ("gemma_tok", "gemma-turns")])
+def test_a_conversation_ending_with_a_reply_continues_that_reply(request, tok_name, chat_format):
+    """A reply cut short at the token limit is continued: the prompt is the one for
+    a new reply followed by the text so far, with no end-of-turn markup after it."""
+    tok = request.getfixturevalue(tok_name)
+    question = [{"role": "user", "content": "Count to ten."}]
+    partial = "One, two, three,"
+    continuing = encode_chat(tok, [*question, {"role": "assistant", "content": partial}], chat_format)
+    assert continuing == encode_chat(tok, question, chat_format) + encode_text(tok, partial)
+
+
 def test_turn_end_tokens_stop_the_reply(smol_tok, gemma_tok, qwen_tok):
     assert smol_tok.convert_tokens_to_ids("<|im_end|>") in stop_token_ids(smol_tok)
     assert gemma_tok.convert_tokens_to_ids("<end_of_turn>") in stop_token_ids(gemma_tok)

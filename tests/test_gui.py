@@ -207,6 +207,26 @@ def test_system_prompt_goes_first_to_the_engine(window, qtbot, monkeypatch):
     assert [m.role for m in window.chat.messages] == ["user", "assistant"]
 
 
+def test_continue_and_regenerate_with_the_engine(window, qtbot):
+    window.pane.new_chat()
+    cut = turn(qtbot, window, send(qtbot, window, "Write a long poem.", max_tokens=8))
+    assert cut.reason == "length" and cut.text
+    reply = window.chat.messages[-1]
+    qtbot.mouseClick(reply.continue_, Qt.MouseButton.LeftButton)
+    request_id = window.session.active.request_id
+    more = turn(qtbot, window, request_id)
+    errors = [e.message + e.detail for e in window.recorder.of(ErrorEvent, request_id=request_id)]
+    assert more.reason in ("length", "eos", "stop") and more.text, errors  # the engine went on from it
+    saved = window.store.get(window.pane.current_conv).messages
+    assert [m["role"] for m in saved] == ["user", "assistant"]
+    assert saved[1]["content"] == cut.text + more.text == window.chat.messages[-1].raw
+
+    qtbot.mouseClick(window.chat.messages[-1].regenerate, Qt.MouseButton.LeftButton)
+    again = turn(qtbot, window, window.session.active.request_id)
+    assert again.text and window.chat.messages[-1].raw == again.text
+    assert window.chat.messages[-1].version_label.text() == "2/2"
+
+
 def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatch):
     window.pane.new_chat()
     done = turn(qtbot, window, send(qtbot, window, "Before the switch"))

@@ -70,17 +70,20 @@ def _markers_in(template: str, added: tuple[str, ...]) -> re.Pattern | None:
 def encode_chat(tokenizer, messages: list[dict], chat_format: str = "template") -> list[int]:
     """Token ids for a conversation, ready for the assistant's reply.
 
+    A conversation that ends with an assistant message (a reply cut short at the
+    token limit) ends with that message left open, so the reply continues it.
     Each message's content is replaced by a unique placeholder, the template is
     rendered, and the pieces between placeholders (the template's own markup) are
     tokenized with special tokens parsed while the contents are not.
     """
+    continuing = bool(messages) and messages[-1]["role"] == "assistant"
     marks = [f"\x00{uuid.uuid4().hex}\x00" for _ in messages]
     placeholders = [{"role": m["role"], "content": mark} for m, mark in zip(messages, marks)]
     rendered = tokenizer.apply_chat_template(
         placeholders,
         chat_template=_template(tokenizer, chat_format),
         tokenize=False,
-        add_generation_prompt=True,
+        add_generation_prompt=not continuing,
     )
     ids: list[int] = []
     bos = getattr(tokenizer, "bos_token", None)
@@ -94,7 +97,7 @@ def encode_chat(tokenizer, messages: list[dict], chat_format: str = "template") 
             continue
         ids += tokenizer(before, add_special_tokens=False)["input_ids"] if before else []
         ids += encode_text(tokenizer, message["content"])
-    if rest:
+    if rest and not continuing:  # continuing: not the markup that closes the last message
         ids += tokenizer(rest, add_special_tokens=False)["input_ids"]
     return ids
 

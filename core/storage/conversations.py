@@ -74,7 +74,24 @@ def _valid_message(m: object) -> bool:
         and m.get("role") in ROLES
         and isinstance(m.get("content"), str)
         and isinstance(m.get("stats", {}), dict)
+        and ("versions" not in m or _valid_versions(m["versions"]))
     )
+
+
+def _valid_versions(versions: object) -> bool:
+    """The other versions of a branch point: tails of messages, and one None where
+    the tail in `messages` goes (see ConversationStore.fork)."""
+    return (
+        isinstance(versions, list)
+        and versions.count(None) == 1
+        and all(v is None or (isinstance(v, list) and v and all(map(_valid_message, v))) for v in versions)
+    )
+
+
+def version_of(message: dict) -> tuple[int, int] | None:
+    """(position, count) of the version a message starts, or None when it has no other."""
+    versions = message.get("versions")
+    return (versions.index(None), len(versions)) if versions else None
 
 
 def title_from(text: str) -> str:
@@ -164,6 +181,43 @@ class ConversationStore:
         conv = self.get(conv_id)
         conv.title = title.strip()[:200] or DEFAULT_TITLE
         self._touch_and_save(conv)
+        return conv
+
+    def fork(self, conv_id: str, index: int, tail: list[dict]) -> Conversation:
+        """Replace the messages from `index` on with `tail` (an edited message, a
+        regenerated reply), keeping the old ones as another version to switch back to.
+
+        A branch point is the first message of the tail in `messages`; its
+        "versions" list holds every version's tail in order, with None where the
+        one in `messages` goes, so older files (no "versions") need nothing new
+        and a branch inside a kept version keeps its own versions.
+        """
+        conv = self.get(conv_id)
+        if not 0 <= index < len(conv.messages) or not tail:
+            raise ValueError(f"no message {index} to fork from, or nothing to put there")
+        old_tail = conv.messages[index:]
+        versions = old_tail[0].pop("versions", None) or [None]
+        versions[versions.index(None)] = old_tail
+        tail[0]["versions"] = versions + [None]
+        conv.messages[index:] = tail
+        self._touch_and_save(conv)
+        return conv
+
+    def switch_version(self, conv_id: str, index: int, position: int) -> Conversation:
+        """Show version `position` of the branch point at `index` (see fork)."""
+        conv = self.get(conv_id)
+        versions = conv.messages[index].get("versions") if 0 <= index < len(conv.messages) else None
+        if not versions or not 0 <= position < len(versions):
+            raise ValueError(f"message {index} has no version {position}")
+        current = versions.index(None)
+        if position != current:
+            chosen = versions[position]
+            old_tail = conv.messages[index:]
+            del old_tail[0]["versions"]
+            versions[current], versions[position] = old_tail, None
+            chosen[0]["versions"] = versions
+            conv.messages[index:] = chosen
+            self._touch_and_save(conv)
         return conv
 
     def set_system_prompt(self, conv_id: str, text: str) -> Conversation:
