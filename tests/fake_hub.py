@@ -27,7 +27,7 @@ class Served:
     hold_at: int | None = None
     go: threading.Event = field(default_factory=threading.Event)
     ranges: list[str | None] = field(default_factory=list)  # Range header of each GET
-    sent: int = 0  # body bytes written over all GETs
+    sent: list[int] = field(default_factory=list)  # body bytes written by each GET
 
     @property
     def sha256(self) -> str:
@@ -90,6 +90,8 @@ class FakeHub:
         asked = handler.headers.get("Range")
         if body:
             served.ranges.append(asked)
+            served.sent.append(0)
+            get = len(served.sent) - 1
         if asked and not self.ignore_range:
             start = int(asked.removeprefix("bytes=").split("-")[0])
         handler.send_response(206 if start else 200)
@@ -114,8 +116,8 @@ class FakeHub:
                 if served.hold_at is not None and offset >= served.hold_at:
                     served.go.wait(30)
                 piece = data[offset:offset + PIECE]
+                served.sent[get] += len(piece)  # counted first: the client may finish before write() returns
                 handler.wfile.write(piece)
                 handler.wfile.flush()
-                served.sent += len(piece)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client stopped reading (cancelled)

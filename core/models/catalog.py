@@ -25,6 +25,7 @@ from .bundled_models import (
     no_progress,
     smollm2_gguf,
 )
+from .gguf_header import read_header
 
 SMOLLM2_ID = "smollm2-135m-instruct"
 GEMMA_ID = "gemma-3-270m"
@@ -129,28 +130,20 @@ def _supported_gguf_arch(arch: str) -> bool:
 
 def inspect_gguf(path: Path) -> dict:
     """Architecture, name and parameter count from a GGUF header, without loading weights."""
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(str(path), "r")
-    except Exception as exc:  # the gguf reader raises many types on garbage
+        header = read_header(path)
+    except (ValueError, OSError) as exc:
         raise ModelError(f"{path.name} is not a readable GGUF model file ({exc}).") from exc
-
-    def field(key: str) -> str | None:
-        f = reader.fields.get(key)
-        if f is None or not f.data:
-            return None
-        return bytes(f.parts[f.data[0]]).decode("utf-8", "replace")
-
-    arch = field("general.architecture")
-    if arch is None:
+    arch = header.metadata.get("general.architecture")
+    if not isinstance(arch, str):
         raise ModelError(f"{path.name} has no model architecture in its header; it is not a model.")
     if not _supported_gguf_arch(arch):
         raise ModelError(f"{path.name} uses the architecture '{arch}', which is not supported.")
-    if "tokenizer.ggml.tokens" not in reader.fields:
+    if "tokenizer.ggml.tokens" not in header.metadata:
         raise ModelError(f"{path.name} carries no tokenizer, so it cannot be used for chat.")
-    n_params = sum(int(t.n_elements) for t in reader.tensors)
-    return {"arch": arch, "name": field("general.name") or path.stem, "params": n_params}
+    n_params = sum(t.n_elements for t in header.tensors)
+    name = header.metadata.get("general.name")
+    return {"arch": arch, "name": name if isinstance(name, str) and name else path.stem, "params": n_params}
 
 
 def inspect_hf_folder(path: Path) -> dict:
