@@ -63,6 +63,7 @@ class ActiveReply:
     request_id: int
     conv_id: str
     message: dict  # the conversation's assistant message being written
+    sent: list[int] = field(default_factory=list)  # indices of the messages sent, in order
     prefix: str = ""  # the text a continued reply had before
     text: str = ""  # the whole reply so far, prefix included
     drafted: list[bool] = field(default_factory=list)  # per character: came from accepted drafts
@@ -167,11 +168,9 @@ class ChatSession(QObject):
         the last one, which the model then goes on writing)."""
         conv = self.store.get(conv_id)
         system = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        history = system + [
-            {"role": m["role"], "content": m["content"]}
-            for m in conv.messages[:upto]
-            if m["content"] or m["role"] == "user"  # a failed, empty reply is not context
-        ]
+        # A failed, empty reply is not context.
+        sent = [i for i, m in enumerate(conv.messages[:upto]) if m["content"] or m["role"] == "user"]
+        history = system + [{"role": conv.messages[i]["role"], "content": conv.messages[i]["content"]} for i in sent]
         s = self.settings()
         request = ChatRequest(
             request_id=self.bridge.next_id(), messages=history, max_new_tokens=s.max_new_tokens,
@@ -180,7 +179,7 @@ class ChatSession(QObject):
         message = continuing or conv.messages[upto]
         prefix = message["content"] if continuing else ""
         drafted = mask_from_runs(message.get("drafted", []), len(prefix))
-        self.active = ActiveReply(request.request_id, conv_id, message, prefix, prefix, drafted)
+        self.active = ActiveReply(request.request_id, conv_id, message, sent, prefix, prefix, drafted)
         self.started.emit(conv_id)
         self.busy_changed.emit(True)
         if not self.bridge.send(request):
@@ -214,6 +213,10 @@ class ChatSession(QObject):
             return
         stats = event.stats.as_dict() if event.stats is not None else None
         text = reply.prefix + event.text if event.text else reply.text
+        # Where the model began to read (0: from the start): the engine left out the
+        # oldest messages that no longer fit its context.
+        omitted = event.omitted_messages
+        reply.message["context_from"] = reply.sent[omitted] if 0 < omitted < len(reply.sent) else 0
         self.finish(text, event.reason, stats, event.model_id, event.baseline_tokens_per_s)
 
     def on_error(self, event: ErrorEvent) -> bool:

@@ -101,6 +101,11 @@ class ChatView(QWidget):
         self.column_layout = QVBoxLayout(self.column)
         self.column_layout.setContentsMargins(16, 16, 16, 16)
         self.column_layout.setSpacing(12)
+        self.context_cut = QLabel(self.column)  # placed in the column where the cut is
+        self.context_cut.setObjectName("ContextCut")
+        self.context_cut.setWordWrap(True)
+        self.context_cut.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.context_cut.hide()
         self.empty_hint = QLabel()
         self.empty_hint.setObjectName("EmptyHint")
         self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -150,8 +155,10 @@ class ChatView(QWidget):
 
     def clear(self) -> None:
         for widget in self.messages:
+            widget.hide()
             widget.deleteLater()
         self.messages.clear()
+        self.context_cut.hide()
         self.empty_hint.show()
 
     def load(self, messages: list[dict], assistant_name: str) -> None:
@@ -174,9 +181,25 @@ class ChatView(QWidget):
             widget.set_meta(describe_stats(m.get("stats"), m.get("baseline_tokens_per_s")))
             widget.set_version(version_of(m))
             widget.set_actions(*reply_actions(messages, i))
+        self._place_context_cut(messages)
         self.empty_hint.setVisible(not self.messages)
         if keep < len(shown):  # something new at the end: show it (else stay where the user reads)
             self._stick_to_bottom = True
+
+    def _place_context_cut(self, messages: list[dict]) -> None:
+        """A line above the first message the model read for the latest reply, when it
+        left older ones out to fit its context (ChatSession saves where it began)."""
+        self.column_layout.removeWidget(self.context_cut)
+        self.context_cut.hide()
+        cut = next((m["context_from"] for m in reversed(messages) if "context_from" in m), 0)
+        above = [w for w in self.messages if w.index < cut]
+        if cut and len(above) < len(self.messages):
+            self.context_cut.setText(
+                f"The model no longer reads the {len(above)} message{'s' if len(above) != 1 else ''} above: "
+                "this chat outgrew its context (Settings → Context length). The system prompt is always kept."
+            )
+            self.column_layout.insertWidget(self.column_layout.indexOf(self.messages[len(above)]), self.context_cut)
+            self.context_cut.show()
 
     def current_reply(self) -> MessageWidget | None:
         if self.messages and self.messages[-1].role == "assistant":

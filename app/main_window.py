@@ -280,7 +280,7 @@ class MainWindow(QMainWindow):
         set_checked_quietly(self.actions["highlight"], self.settings.highlight_drafts)
 
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, str(paths.data_dir()), self)
+        dialog = SettingsDialog(self.settings, str(paths.data_dir()), self, max_context=self.targets.context_window)
         dialog.clear_all_requested.connect(self.clear_all_data)
         if dialog.exec() and dialog.changes():
             self.apply_settings(dialog.changes())

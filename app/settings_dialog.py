@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 DEFAULT_GAMMA = 0.3  # the paper's value for chat and summaries
+MAX_CONTEXT = 131072  # the setting's range (core.storage.settings) while no model says less
 
 
 def _double(low: float, high: float, step: float, decimals: int, value: float) -> QDoubleSpinBox:
@@ -53,7 +54,10 @@ def _int(low: int, high: int, value: int, suffix: str = "") -> QSpinBox:
 class SettingsDialog(QDialog):
     clear_all_requested = Signal()
 
-    def __init__(self, settings: Settings, data_folder: str, parent: QWidget | None = None):
+    def __init__(
+        self, settings: Settings, data_folder: str, parent: QWidget | None = None, max_context: int = 0,
+    ):
+        """max_context: the most tokens the loaded model reads (0: no model loaded)."""
         super().__init__(parent)
         self.setWindowTitle("Settings — OmniDraft")
         self.setObjectName("SettingsDialog")
@@ -70,11 +74,22 @@ class SettingsDialog(QDialog):
         self.system_prompt.setToolTip("New chats start with this; each chat can change its own above the chat")
         self.system_prompt.setTabChangesFocus(True)
         self.system_prompt.setFixedHeight(64)
+        # 0 = the model's own; a model that reads less bounds a longer setting.
+        self.context = _int(0, max(max_context, settings.context_tokens) if max_context else MAX_CONTEXT,
+                            settings.context_tokens, " tokens")
+        self.context.setSingleStep(512)
+        self.context.setSpecialValueText(
+            f"The model's maximum ({max_context:,} tokens)" if max_context else "The model's maximum")
+        self.context.setToolTip(
+            "How much of a chat (with the reply) the model reads; older messages are left out "
+            "beyond it, the system prompt always kept."
+            + (f" This model reads at most {max_context:,} tokens." if max_context else ""))
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Max reply length", self.max_tokens)
+        form.addRow("Context length", self.context)
         form.addRow("Default system prompt", self.system_prompt)
 
         self.speculative = QCheckBox("Use the drafter (speculative decoding)")
@@ -156,6 +171,7 @@ class SettingsDialog(QDialog):
             "idle_delay_s": float(self.idle_delay.value()),
             "learner_threads": self.threads.value(),
             "system_prompt": self.system_prompt.toPlainText().strip(),
+            "context_tokens": self.context.value(),
         }
 
     def changes(self) -> dict:

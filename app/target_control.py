@@ -42,6 +42,7 @@ class TargetControl(QObject):
         self.bridge, self.menu, self.banner, self.stall = bridge, menu, banner, stall
         self.wanted = wanted  # catalog id or path to load (again after a restart)
         self.current: str | None = None  # id of the model that is loaded
+        self.context_window = 0  # the most tokens it reads (0: not known yet)
         # Requests still unanswered, by request id: what each load or add asked for.
         self.loads: dict[int, str] = {}  # SwitchTarget id -> the id or path asked for
         self.adds: dict[int, str] = {}  # AddModel id -> the path
@@ -120,7 +121,7 @@ class TargetControl(QObject):
         asked = self.loads.pop(event.request_id, event.model_id)  # the id or path this load answers
         self.stall.leave("model loading")
         self.progress.hide()
-        self.current = event.model_id
+        self.current, self.context_window = event.model_id, event.context_window
         in_catalog = any(e.id == event.model_id for e in self.menu.entries)
         opened_by_path = None if in_catalog or asked == event.model_id else asked
         self.menu.set_current(event.model_id, event.name, opened_by_path)

@@ -43,6 +43,9 @@ QToolTip {{ background: #ffffff; color: {TEXT}; border: 1px solid {BORDER}; padd
 #ConversationList::item:selected {{ background: #d6e2f8; color: {TEXT}; }}
 
 #ChatScroll, #ChatCanvas, #ChatColumn {{ background: {WINDOW_BG}; }}
+#ContextCut {{
+    color: {MUTED_TEXT}; font-size: 8.5pt; padding: 6px 12px; border-top: 1px dashed #c3c8cf;
+}}
 #EmptyHint {{ color: {MUTED_TEXT}; font-size: 11pt; padding: 80px 20px; }}
 #UserMessage {{ background: #e7eefc; border: 1px solid #d3def6; border-radius: 12px; }}
 #AssistantMessage {{ background: #ffffff; border: 1px solid {BORDER}; border-radius: 12px; }}

@@ -123,6 +123,9 @@ class Engine:
         # The target's plain-decoding speed measured on this machine (tokens/s), the
         # baseline every reply's speedup is computed against; None until measured.
         self.baseline_tokens_per_s: float | None = None
+        # The user's context length (Settings), 0 for the model's own; the model's
+        # window (context_window) bounds it either way.
+        self.context_tokens = 0
 
     # ------------------------------------------------------------------ models
     @property
@@ -289,12 +292,22 @@ class Engine:
         drafting = self.drafter is not None and self.bridge is not None
         return describe(self.target, self.context_limit(), self.drafter if drafting else None, self.bridge)
 
+    def context_window(self) -> int:
+        """The most tokens (conversation and reply) the target reads here: its own
+        window, at most 8,192. The drafter's preallocated context (Drafter max_len)
+        should hold the same text and its reply; where it cannot, the drafter reads
+        the latest part."""
+        if self.target is None:
+            raise InputError("No model is loaded yet.")
+        window = getattr(self.target.model.config, "max_position_embeddings", 2048) or 2048
+        return min(window, 8192)
+
     def context_limit(self, reserve: int = 512) -> int:
-        cfg = self.target.model.config
-        window = getattr(cfg, "max_position_embeddings", 2048) or 2048
-        # The drafter's preallocated context (Drafter max_len) should hold the same
-        # text and its reply; where it cannot, the drafter reads the latest part.
-        return max(64, min(window, 8192) - reserve)
+        """The most tokens of a conversation the target reads, `reserve` kept for the reply."""
+        window = self.context_window()
+        if self.context_tokens:
+            window = min(window, self.context_tokens)
+        return max(64, window - reserve)
 
     # ------------------------------------------------------------------ decoding
     def chat(
@@ -473,6 +486,7 @@ class Engine:
         self.draft_settings.gamma = getattr(settings, "adaptive_gamma", None)
         threads = int(getattr(settings, "learner_threads", self.learn_settings.threads))
         self.learn_settings.threads = threads
+        self.context_tokens = int(getattr(settings, "context_tokens", 0))
         for learner in self._learners.values():
             learner.threads = threads
 

@@ -214,3 +214,39 @@ def test_continue_goes_on_from_a_reply_cut_at_the_token_limit(scripted, qtbot):
     reply = win.chat.messages[-1]
     assert len(win.chat.messages) == 2 and reply.note.isHidden()
     assert not reply.continue_.isVisibleTo(reply) and reply.regenerate.isVisibleTo(reply)
+
+
+def test_the_chat_says_where_the_model_stopped_reading(scripted, qtbot):
+    """TurnDone.omitted_messages counts the messages sent; a failed empty reply was
+    not sent, so the line goes above the first message the model read."""
+    win, worker = scripted
+    win.pane.send_message("Q1")
+    answer(win, worker, "A1")
+    win.pane.send_message("Q2")
+    answer(win, worker, "", reason="error")  # failed: not sent again
+    win.pane.send_message("Q3")
+    request = last_chat_request(worker)
+    assert [m["content"] for m in request.messages] == ["Q1", "A1", "Q2", "Q3"]
+    win.on_event(TurnDone(request.request_id, "A3", "eos", None, "model-a", None, omitted_messages=3))
+
+    cut, column = win.chat.context_cut, win.chat.column_layout
+    assert cut.isVisibleTo(win.chat) and "the 4 messages above" in cut.text()
+    assert column.indexOf(cut) == column.indexOf(win.chat.messages[4]) - 1  # just above Q3
+    assert on_disk(win, win.pane.current_conv)[-1]["context_from"] == 4
+    win.pane.send_message("Q4")  # the next reply read everything again: no line
+    answer(win, worker, "A4")
+    assert not cut.isVisibleTo(win.chat)
+
+
+def test_context_length_setting_is_offered_up_to_the_models(scripted, qtbot):
+    from omnidraft.app.settings_dialog import SettingsDialog
+
+    win, _ = scripted
+    dialog = SettingsDialog(win.settings, "/data", win, max_context=2048)
+    qtbot.addWidget(dialog)
+    assert dialog.context.maximum() == 2048 and "2,048" in dialog.context.specialValueText()
+    assert dialog.context.value() == 0 and "context_tokens" not in dialog.changes()  # the model's
+    dialog.context.setValue(5000)  # more than this model reads: held at its bound
+    assert dialog.changes()["context_tokens"] == 2048
+    win.apply_settings(dialog.changes())
+    assert win.settings.context_tokens == 2048

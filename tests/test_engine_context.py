@@ -102,6 +102,24 @@ def test_the_system_message_is_kept_when_old_turns_are_dropped(engine, monkeypat
     assert seen[0] == encode_chat(engine.drafter.tokenizer, encoded.messages, "template")
 
 
+def test_the_context_length_setting_is_bounded_by_the_models(engine):
+    from omnidraft.core.storage.settings import Settings
+
+    window = engine.context_window()
+    messages = conversation(turns=2, words=80)
+    assert window == 2048 and engine.encode(messages).omitted == 0  # all fits the model's
+    try:
+        engine.apply_settings(Settings(context_tokens=1024))
+        assert engine.context_limit() == 1024 - 512
+        shorter = engine.encode(messages)
+        assert shorter.omitted > 0 and len(shorter.ids) <= 512
+        engine.apply_settings(Settings(context_tokens=100_000))  # more than the model reads
+        assert engine.context_limit() == window - 512
+    finally:
+        engine.apply_settings(Settings())
+    assert engine.context_limit() == window - 512
+
+
 @pytest.mark.parametrize("refused", [
     "x " * (MAX_MESSAGE_CHARS // 2 + 1),  # refused for its length in characters
     " ".join(f"w{j}" for j in range(4000)),  # beyond the model's context on its own

@@ -227,6 +227,26 @@ def test_continue_and_regenerate_with_the_engine(window, qtbot):
     assert window.chat.messages[-1].version_label.text() == "2/2"
 
 
+def test_a_chat_longer_than_the_context_setting_says_where_reading_starts(window, qtbot):
+    assert window.targets.context_window == 2048  # the tiny model's, as the engine reports it
+    window.apply_settings({"context_tokens": 700})  # 188 tokens of chat for the model
+    try:
+        window.pane.new_chat()
+        for i in range(8):
+            done = turn(qtbot, window, send(qtbot, window, f"Message {i}: " + " ".join(["words"] * 30)))
+            if done.omitted_messages:
+                break
+        assert done.omitted_messages > 0 and done.reason != "error"
+        messages = window.store.get(window.pane.current_conv).messages
+        first_read = messages[-1]["context_from"]
+        assert messages[first_read]["role"] == "user"  # whole turns are left out
+        cut, column = window.chat.context_cut, window.chat.column_layout
+        assert cut.isVisibleTo(window.chat) and f"the {first_read} messages above" in cut.text()
+        assert column.indexOf(cut) == column.indexOf(window.chat.messages[first_read]) - 1
+    finally:
+        window.apply_settings({"context_tokens": 0})
+
+
 def test_switch_target_keeps_conversation(window, qtbot, tiny_models, monkeypatch):
     window.pane.new_chat()
     done = turn(qtbot, window, send(qtbot, window, "Before the switch"))

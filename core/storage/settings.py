@@ -28,6 +28,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "adaptive_gamma": (0.05, 0.95),
     "idle_delay_s": (1.0, 3600.0),
     "learner_threads": (1, 64),
+    "context_tokens": (0, 131072),
 }
 
 _FREE_TEXTS = {"system_prompt"}  # texts that may be empty
@@ -47,6 +48,9 @@ class Settings:
     speculative: bool = True
     highlight_drafts: bool = False
     system_prompt: str = ""  # new chats start with it (each chat can change its own)
+    # Context length in tokens (conversation and reply); 0 = the model's. The model's
+    # own window bounds it (Engine.context_window).
+    context_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

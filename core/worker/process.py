@@ -295,6 +295,7 @@ class WorkerLoop:
                 entry.name,
                 self.engine.target.load_seconds,
                 self.engine.drafter_description,
+                self.engine.context_window(),
             )
         )
 

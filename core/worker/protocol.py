@@ -130,6 +130,7 @@ class ModelLoaded:
     name: str
     load_seconds: float
     drafter: str | None  # description of the drafter in use, None when plain only
+    context_window: int = 0  # the most tokens it reads here: what the context setting can go up to
 
 
 @dataclass
