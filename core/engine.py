@@ -21,6 +21,7 @@ from .decoding.sampling import GenerationConfig
 from .decoding.speculative import SpecOptions, _text, generate_speculative
 from .decoding.vocab_bridge import NgramCache, VocabBridge
 from .events import TokenChunk, TurnFinished
+from .learning.acceptance_head import AcceptanceHead
 from .learning.adapters import AdapterStore
 from .learning.learner import Learner
 from .learning.replay_buffer import ReplayBuffer, Sample
@@ -107,6 +108,7 @@ class Engine:
         self.adapters: AdapterStore | None = None
         self.buffer: ReplayBuffer | None = None
         self._learners: dict[str, Learner] = {}
+        self._heads: dict[str, AcceptanceHead] = {}  # per target, trained with its adapter
         # The drafter lacks the current target's latest learned weights (a refresh
         # was interrupted by a request).
         self._drafter_stale = False
@@ -218,9 +220,26 @@ class Engine:
         if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
             progress("Loading what the drafter learned for this model", 0.98)
             weights = self.adapters.merged_state(target_id)
+        self._drafter.head = self._head(target_id)
         self._take_adapter_warnings()
         self._drafter.load_weights(weights)
         self._drafter_stale = False
+
+    def _head(self, target_id: str) -> AcceptanceHead:
+        """This target's acceptance head: the one learning in this session, else the
+        one saved with its adapter, else a fresh one (which drafts as if none)."""
+        if target_id not in self._heads:
+            width = self.drafter.model.config.hidden_size
+            state = self.adapters.head_state(target_id)
+            head = AcceptanceHead(width)
+            if state is not None:
+                try:
+                    head = AcceptanceHead.from_state(state, width)
+                except ValueError as exc:
+                    self.warnings.append(f"The acceptance head learned for {target_id} does not fit "
+                                         f"this drafter ({exc}); it starts over.")
+            self._heads[target_id] = head
+        return self._heads[target_id]
 
     def _take_adapter_warnings(self) -> None:
         """The adapter store's reports (damaged files set aside) reach the user."""
@@ -360,7 +379,7 @@ class Engine:
                     event.omitted_messages = omitted
                     self._after_turn(event)
                     if event.stats.method == "omnidraft" and not self.evaluating:
-                        self._record(ids, drafter_prefix, event)
+                        self._record(ids, drafter_prefix, event, cfg.temperature)
                 yield event
         finally:
             if saved is not None:
@@ -372,14 +391,15 @@ class Engine:
         if done.stats.method == "omnidraft" and not self.evaluating:
             self._save_state()
 
-    def _record(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished) -> None:
+    def _record(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished, temperature: float) -> None:
         """Keep the turn for distillation (the user's own traffic, encrypted at rest)."""
         if not self.learn_settings.enabled or self.buffer is None or len(done.token_ids) < 4:
             return
-        self.buffer.add(self.sample_of(ids, drafter_prefix, done))
+        self.buffer.add(self.sample_of(ids, drafter_prefix, done, temperature))
         self.buffer.save()
 
-    def sample_of(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished) -> Sample:
+    def sample_of(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished,
+                  temperature: float = 0.0) -> Sample:
         """A finished turn as a replay sample: prompt + reply in both vocabularies
         (the drafter's reply is its own tokenization of the reply's text)."""
         reply = done.token_ids
@@ -391,7 +411,7 @@ class Engine:
         return Sample(
             target_ids=list(ids) + list(reply), target_prompt_len=len(ids),
             drafter_ids=list(drafter_prefix) + drafter_reply, drafter_prompt_len=len(drafter_prefix),
-            proposed=done.stats.proposed, accepted=done.stats.accepted,
+            proposed=done.stats.proposed, accepted=done.stats.accepted, temperature=temperature,
         )
 
     def _learner(self) -> Learner:
@@ -403,7 +423,7 @@ class Engine:
             self._learners[target_id] = Learner(
                 self.drafter.model, self.target.model, self.bridge, self.buffer, self.adapters,
                 target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
-                lam=ls.lam, threads=ls.threads, passes=ls.passes,
+                lam=ls.lam, threads=ls.threads, passes=ls.passes, head=self._head(target_id),
             )
         learner = self._learners[target_id]
         learner.target_model, learner.bridge, learner.buffer = self.target.model, self.bridge, self.buffer
@@ -467,6 +487,7 @@ class Engine:
         replay buffer, which live in the same folder)."""
         shutil.rmtree(self.state_dir(model_id), ignore_errors=True)
         self._learners.pop(model_id, None)
+        self._heads.pop(model_id, None)
         self._unsaved = {k for k in self._unsaved if k[0] != model_id}
         if self.adapters is not None:
             self.adapters.reset(model_id)
@@ -475,6 +496,7 @@ class Engine:
             self.draft_policy = DraftPolicy()
             self.buffer.clear()
             self._drafter.load_weights(None)
+            self._drafter.head = self._head(model_id)
             self._drafter_stale = False
 
     # ------------------------------------------------------------------ settings

@@ -81,8 +81,12 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
     assert sources  # every speculative step was measured for adaptive drafting
     engine._save_state()
 
+    head = engine._drafter.head.state()
+    assert head["labels_seen"] > 0  # the acceptance head learned from the same turns
+
     again = _engine(home, target_dir)
     assert torch.equal(again._drafter.net.layers[0][1], learned)
+    assert all(torch.equal(a, b) for a, b in zip(again._drafter.head.state().values(), head.values()))
     assert dict(again.bridge.cache.entries) == cache_entries
     assert again.draft_policy.summary() == sources
 
@@ -91,6 +95,7 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
     assert len(again.buffer) == 0 and len(again.bridge.cache) == 0 and not again.draft_policy.stats
     assert not again.state_dir(target_id).exists()
     assert not torch.equal(again._drafter.net.layers[0][1], learned)
+    assert again._drafter.head.labels_seen == 0
 
 
 def test_a_waiting_request_interrupts_learning(home, target_dir):

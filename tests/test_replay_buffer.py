@@ -65,13 +65,27 @@ def test_add_rejects_inconsistent_sample(tmp_path, keys):
         buf.add(Sample([1, 2], 3, [1], 0))
 
 
-@pytest.mark.parametrize("damage", ["garbage", "wrong-shape", "bad-sample"])
+def test_samples_saved_before_temperatures_were_recorded_load_as_greedy(tmp_path, keys, smol_tok):
+    path = tmp_path / "buffer.bin"
+    old = {k: v for k, v in vars(_sample(smol_tok)).items() if k != "temperature"}
+    save_encrypted(path, {"version": 1, "total_added": 1, "samples": [{**old, "seq": 0}]}, keys)
+    buf = ReplayBuffer.load(path, keys=keys)
+    assert buf.warning is None and buf.samples()[0].temperature == 0.0
+    buf.add(_sample(smol_tok)).temperature = 0.7  # a sampled turn keeps its temperature
+    buf.save()
+    assert [s.temperature for s in ReplayBuffer.load(path, keys=keys).samples()] == [0.0, 0.7]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "wrong-shape", "bad-sample", "bad-temperature"])
 def test_damaged_file_is_quarantined(tmp_path, keys, damage):
     path = tmp_path / "buffer.bin"
     if damage == "garbage":
         path.write_bytes(b"\x00not encrypted at all")
     elif damage == "wrong-shape":
         save_encrypted(path, ["not", "a", "buffer"], keys)
+    elif damage == "bad-temperature":
+        sample = {**vars(Sample([1, 2], 1, [3], 1)), "temperature": "hot"}
+        save_encrypted(path, {"total_added": 1, "samples": [sample]}, keys)
     else:
         save_encrypted(path, {"total_added": 1, "samples": [{"target_ids": "abc"}]}, keys)
     buf = ReplayBuffer.load(path, keys=keys)

@@ -8,13 +8,17 @@ drafter's KV cache is rolled back to the longest prefix that still agrees.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..models.lean_llama import LeanLlama
 from .sampling import GenerationConfig, probabilities
 from .vocab_bridge import token_bytes
+
+if TYPE_CHECKING:
+    from ..learning.acceptance_head import AcceptanceHead
 
 LOOK_BEHIND = 3  # drafter tokens re-tokenized with each new piece of text
 MAX_HELD = 64  # the most trailing whitespace token healing re-drafts
@@ -31,6 +35,7 @@ class DraftSettings:
     min_confidence: float = 0.5
     # Adaptive drafting (OMNIDRAFT.md §3): stop once 1 - prod(P_i) > gamma. Without a
     # trained acceptance head, P_i is the drafter's own top probability. None = off.
+    # With a trained head, its P_i replaces the top probability in both rules.
     gamma: float | None = None
 
 
@@ -40,6 +45,9 @@ class Draft:
     q: list[float]  # drafter probability of each chosen token
     dists: list[torch.Tensor] | None  # full drafter distributions (sampling only)
     held: bytes = b""  # accepted text the draft starts by re-drafting (token healing)
+    # The chance of acceptance the stop rule used for each token: the acceptance
+    # head's, or the drafter's top probability while it has none.
+    p: list[float] = field(default_factory=list)
 
 
 class Drafter:
@@ -58,6 +66,10 @@ class Drafter:
         self.reply_text = ""
         self.reply_ids: list[int] = []
         self._logits: torch.Tensor | None = None  # next-token logits after self.context
+        self._hidden: torch.Tensor | None = None  # ... and the final hidden state they came from
+        # The current target's acceptance head (engine-set; None or untrained: the
+        # drafter's own confidence decides when to stop).
+        self.head: AcceptanceHead | None = None
         self.held = b""  # trailing accepted whitespace left out of the context (token healing)
         self._heal_masks: dict[bytes, torch.Tensor] = {}
         # Built here (the byte table takes ~0.25 s for SmolLM2 the first time), not
@@ -146,8 +158,8 @@ class Drafter:
             self.cached, self.context, self._logits = [], [], None
             return
         self.net.rollback(common)
-        logits, _ = self.net.forward(ids[common:])
-        self._logits = logits[-1]
+        logits, hidden = self.net.forward(ids[common:])
+        self._logits, self._hidden = logits[-1], hidden[-1]
         self.cached = list(ids)
         self.context = list(ids)
 
@@ -156,7 +168,7 @@ class Drafter:
         """Up to k drafter tokens continuing the context (sampled like the target)."""
         k = k or self.settings.k
         out = Draft([], [], [] if not cfg.greedy else None, held=self.held)
-        logits = self._logits
+        logits, hidden = self._logits, self._hidden
         if logits is None:
             return out
         all_accepted = 1.0  # running product of P_i for the adaptive rule
@@ -180,16 +192,19 @@ class Drafter:
             if out.dists is not None:
                 out.dists.append(probs)
             confidence = float(probs.max())
-            all_accepted *= confidence
+            chance = self.head.chance(hidden, confidence) if self.head is not None else None
+            p = confidence if chance is None else chance
+            out.p.append(p)
+            all_accepted *= p
             gamma = self.settings.gamma
             # The last drafted token needs no forward: nothing is drafted after it.
-            if i == k - 1 or confidence < self.settings.min_confidence:
+            if i == k - 1 or p < self.settings.min_confidence:
                 break
             if gamma is not None and 1.0 - all_accepted > gamma:
                 break
             if self.net.length >= self.max_len:  # the context is full: the draft ends here
                 break
-            logits = self.net.forward([tok])[0][-1]
+            logits, hidden = (x[-1] for x in self.net.forward([tok]))
             self.cached.append(tok)
         return out
 

@@ -24,13 +24,14 @@ import torch
 from transformers import DynamicCache
 
 from ..events import TokenChunk, TurnFinished, TurnStats
+from ..learning.acceptance_head import proposal_chances
 from .adaptive_drafting import DRAFTER, DraftPolicy, lookup_source
 from .drafter import Drafter
 from .plain import Cancel, ReplyStream, _never, forward
 from .prompt_lookup import lookup
 from .sampling import GenerationConfig, pick
 from .verification import verify_greedy, verify_sampling
-from .vocab_bridge import VocabBridge
+from .vocab_bridge import VocabBridge, merged_spans
 
 # How many target tokens before the new ones the bridge re-reads when learning,
 # so n-grams that straddle a step boundary are still seen whole.
@@ -145,6 +146,8 @@ def generate_speculative(
             stats.lookup_steps += 1
             stats.lookup_proposed += len(proposals)
             stats.lookup_accepted += n
+        if draft is not None:
+            stats.add_drafted(proposal_chances(draft.p, spans), merged_spans(spans), n)
         if k and policy is not None and learn_policy:
             policy.record(source, n + 1, t2 - t0 - once)
 

@@ -139,6 +139,13 @@ class Proposal:
     ngram_hits: int = 0
 
 
+def merged_spans(spans: list[tuple[int, ...]]) -> list[bool]:
+    """Which proposals are n-gram merges: spelled by several drafter tokens, or
+    by a drafter token that spells another proposal too."""
+    return [len(s) > 1 or (n > 0 and s == spans[n - 1]) or (n + 1 < len(spans) and s == spans[n + 1])
+            for n, s in enumerate(spans)]
+
+
 class NgramCache:
     """Learned drafter-run -> target-run entries, longest match first, LRU-bounded."""
 

@@ -16,6 +16,10 @@ replaces the old one by rename, so a crash leaves either the old adapter or
 the new one, never half of each (the previous version waits as .<name>.old
 between the two renames and is restored from there after a crash).
 
+The target's acceptance head (core/learning/acceptance_head.py) is saved in the
+same folder, by the same atomic save: what the drafter learned and what the
+head learned about it never come from two different moments.
+
 The weights and our counters are encrypted with the data key (core.storage.secure_store):
 the weights are learned from the user's chats. Only peft's adapter_config.json
 (rank, alpha, module names) stays plaintext. Adapters saved as plaintext by
@@ -46,6 +50,7 @@ from ..storage.secure_store import KeyStore, KeyUnavailableError, default_keysto
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 WEIGHTS_FILE = "weights.bin"  # safetensors bytes, encrypted
 META_FILE = "meta.bin"  # our own counters (training steps, samples), encrypted JSON
+HEAD_FILE = "acceptance_head.bin"  # the acceptance head's safetensors bytes, encrypted
 CONFIG_FILE = "adapter_config.json"  # peft's LoraConfig (hyperparameters only)
 # What versions before encryption wrote in plaintext.
 LEGACY_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -194,8 +199,9 @@ class AdapterStore:
         _fp32(self.peft, name)
 
     # ------------------------------------------------------------ persistence
-    def save(self, target_id: str, meta: dict | None = None) -> None:
-        """Write the adapter (and our counters) atomically to root/<target id>/."""
+    def save(self, target_id: str, meta: dict | None = None, head: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the adapter (and our counters, and the acceptance head's state
+        when given; else the saved head stays) atomically to root/<target id>/."""
         self._ensure(target_id)
         if target_id in self._unsaved:
             return  # the saved copy is under another key: never overwrite it
@@ -211,6 +217,10 @@ class AdapterStore:
             self.peft.peft_config[name].save_pretrained(str(tmp))  # CONFIG_FILE
             _fsync_file(tmp / CONFIG_FILE)
             _write(tmp / META_FILE, self.keys.encrypt(json.dumps(info).encode()))
+            if head is not None:
+                _write(tmp / HEAD_FILE, self.keys.encrypt(safetensors_bytes(head)))
+            elif (folder / HEAD_FILE).exists():
+                _write(tmp / HEAD_FILE, (folder / HEAD_FILE).read_bytes())
             _fsync_dir(tmp)
             old = _old(folder)
             shutil.rmtree(old, ignore_errors=True)
@@ -250,6 +260,27 @@ class AdapterStore:
             )
             return {}
         return raw
+
+    def head_state(self, target_id: str) -> dict[str, torch.Tensor] | None:
+        """The acceptance head saved with this target's adapter (None when none was
+        saved or it is under a key this machine lacks). A damaged file is set aside
+        as .corrupt and reported; the adapter beside it is kept."""
+        folder = self.folder(target_id)
+        self._recover(folder)
+        path = folder / HEAD_FILE
+        try:
+            return safetensors_load(self.keys.decrypt(path.read_bytes(), path))
+        except (OSError, KeyUnavailableError):
+            return None
+        except Exception as exc:  # noqa: BLE001 - any damage means: the head starts afresh
+            aside = self.root / f"{folder.name}-{HEAD_FILE}"  # outside: a save replaces the folder
+            os.replace(path, aside)
+            kept = CorruptStateError(aside, str(exc)).quarantine()
+            self.warnings.append(
+                f"The acceptance head learned for {target_id} could not be read ({exc}); it starts "
+                f"over, the drafter's adapter is kept (the damaged file was kept as {kept.name})."
+            )
+            return None
 
     def reset(self, target_id: str) -> None:
         """Forget what the drafter learned for this target (memory and disk)."""

@@ -126,24 +126,35 @@ def split_segments(sample: Sample, bridge: VocabBridge) -> tuple[list[tuple[int,
 
     Returns (direct, ngram): direct is [(drafter position, target position)] of
     1:1 directly mapped tokens; ngram is, per other segment, its drafter positions.
-    Only the text up to the first special token of each reply is aligned (a
-    stop token has no bytes, so the texts stop corresponding there).
+    """
+    direct: list[tuple[int, int]] = []
+    ngram: list[list[int]] = []
+    for d_run, t_run, is_direct in aligned_segments(sample, bridge):
+        if is_direct:
+            direct.append((d_run[0], t_run[0]))
+        else:
+            ngram.append(d_run)
+    return direct, ngram
+
+
+def aligned_segments(sample: Sample, bridge: VocabBridge) -> list[tuple[list[int], list[int], bool]]:
+    """Every aligned reply segment: (its drafter positions, its target positions,
+    whether it is one directly mapped token), positions absolute in drafter_ids /
+    target_ids. Only the text up to the first special token of each reply is
+    aligned (a stop token has no bytes, so the texts stop corresponding there).
     """
     d_bytes, t_bytes = bridge.direct.drafter_bytes, bridge.direct.target_bytes
     d_reply = _text_prefix(sample.drafter_reply, d_bytes)
     t_reply = _text_prefix(sample.target_reply, t_bytes)
     d_pos, t_pos = sample.drafter_prompt_len, sample.target_prompt_len
-    direct: list[tuple[int, int]] = []
-    ngram: list[list[int]] = []
+    out = []
     pairs = align([d_bytes[i] for i in d_reply], d_reply, [t_bytes[i] for i in t_reply], t_reply)
     for d_run, t_run in pairs:
-        if len(d_run) == 1 and len(t_run) == 1 and _maps(bridge, d_run[0], t_run[0]):
-            direct.append((d_pos, t_pos))
-        else:
-            ngram.append(list(range(d_pos, d_pos + len(d_run))))
+        is_direct = len(d_run) == 1 and len(t_run) == 1 and _maps(bridge, d_run[0], t_run[0])
+        out.append((list(range(d_pos, d_pos + len(d_run))), list(range(t_pos, t_pos + len(t_run))), is_direct))
         d_pos += len(d_run)
         t_pos += len(t_run)
-    return direct, ngram
+    return out
 
 
 def _text_prefix(ids: list[int], table: list[bytes | None]) -> list[int]:

@@ -7,6 +7,8 @@ began, in batches of 8 (one AdamW step per batch); a sample is dropped once
 only: after a restart a sample may get up to `passes` more.
 Each sample costs one target forward (no grad: its logits are recomputed, not
 stored) and one drafter forward + backward through the target's LoRA adapter.
+The same forwards train the target's acceptance head (core/learning/acceptance_head.py)
+on the drafter's hidden states, with its own optimizer; it is saved with the adapter.
 
 Training runs while the user is idle and must give way at once when a request
 arrives: should_stop() is checked between samples and, through hooks on every
@@ -23,6 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.vocab_bridge import VocabBridge
+from .acceptance_head import LR as HEAD_LR
+from .acceptance_head import STEPS as HEAD_STEPS
+from .acceptance_head import AcceptanceHead, HeadExample, head_example, head_loss, segment_labels
 from .adapters import AdapterStore
 from .distillation import LAMBDA, clip_sample, hybrid_loss
 from .replay_buffer import ReplayBuffer, Sample
@@ -52,6 +57,7 @@ class Learner:
         passes: int = 1,
         max_prompt_tokens: int = 1024,
         max_reply_tokens: int = 256,
+        head: AcceptanceHead | None = None,
     ):
         if drafter_model is not adapters.base_model:
             raise ValueError("the learner trains the drafter the AdapterStore wraps")
@@ -72,6 +78,8 @@ class Learner:
         self.updates = 0  # optimizer steps in this session (tests watch it)
         self.warnings: list[str] = []
         self._optimizer: torch.optim.AdamW | None = None
+        self.head = head  # the target's acceptance head (None: not trained)
+        self._head_optimizer: torch.optim.AdamW | None = None
         self._pass: set[int] = set()  # seqs of the samples the current pass covers
         self._done: set[int] = set()  # ... and those already trained in it
         self._trained: dict[int, int] = {}  # seq -> passes that trained it (kept ones)
@@ -81,20 +89,23 @@ class Learner:
         """Train on up to batch_size samples of the current pass; one optimizer step.
 
         Returns progress ({steps, samples, loss, dm, ngram, acceptance_estimate,
-        greedy_match, buffered, pass_done, interrupted}; the loss terms and
-        acceptance figures are this batch's, measured before its update), or
-        None when the buffer holds nothing to train on."""
+        greedy_match, head_loss, head_predicted, head_observed, buffered,
+        pass_done, interrupted}; the loss terms and acceptance figures are this
+        batch's, measured before its update; head_predicted / head_observed: the
+        acceptance head's mean predicted chance and the mean label), or None
+        when the buffer holds nothing to train on."""
         batch = self._next_batch()
         if not batch:
             return None
         model = self.adapters.activate(self.target_id)
         optimizer = self._optimizer_for_adapter()
+        head_optimizer = self._optimizer_for_head()
         threads = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         check = _checker(should_stop)
         hooks = _stop_hooks(self.drafter_model, check) + _stop_hooks(self.target_model, check)
         try:
-            optimizer.zero_grad(set_to_none=True)
+            _zero(optimizer, head_optimizer)
             totals = self._accumulate(model, batch, check)
             if totals["used"]:
                 for p in self.adapters.parameters(self.target_id):
@@ -103,34 +114,44 @@ class Learner:
                 optimizer.step()
                 self.steps += 1
                 self.updates += 1
+            # Not interruptible (a few milliseconds, no model forward): the adapter has stepped.
+            head_stats = self._train_head(totals["head_examples"], head_optimizer)
         except _Interrupted:
-            optimizer.zero_grad(set_to_none=True)
+            _zero(optimizer, head_optimizer)
             return {**self.progress(), "interrupted": True, "pass_done": False}
         finally:
             for h in hooks:
                 h.remove()
             torch.set_num_threads(threads)
-        optimizer.zero_grad(set_to_none=True)
+        _zero(optimizer, head_optimizer)
         self.samples += len(batch)
         self._done |= {s.seq for s in batch}
         pass_done = not self._todo()
         if pass_done:
             self._finish_pass()
-        return {**self.progress(), **_means(totals), "interrupted": False, "pass_done": pass_done}
+        return {**self.progress(), **_means(totals), **head_stats, "interrupted": False, "pass_done": pass_done}
 
     def _accumulate(self, model, batch: list[Sample], check: Check) -> dict:
         """Backward of each sample's loss (so only one graph is alive at a time)."""
         totals = {"used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
-                  "acceptance_estimate": 0.0, "greedy_match": 0.0}
+                  "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
         for sample in batch:
             check()
-            loss, stats = self.sample_loss(model, sample, check)
+            fwd = self._forward(model, sample, check)
+            if fwd is None:
+                continue
+            s, d_logits, t_logits, hidden, d_offset, t_offset = fwd
+            loss, stats = hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
             if stats["n_dm"] + stats["n_ngram"] == 0:
                 continue  # nothing aligned (e.g. an empty reply): nothing to learn
             check()
-            loss.backward()
             totals["used"] += 1
             totals["loss"] += float(loss.detach())
+            loss.backward()
+            if self.head is not None and hidden is not None:
+                rows_of, labels = segment_labels(s, self.bridge, d_logits, t_logits, d_offset, t_offset)
+                if labels:
+                    totals["head_examples"].append(head_example(hidden, d_logits, s.temperature, rows_of, labels))
             if stats["n_dm"]:  # per-sample means, over the samples that have the term
                 totals["n_dm"] += 1
                 totals["dm"] += stats["dm"]
@@ -141,29 +162,64 @@ class Learner:
                 totals["ngram"] += stats["ngram"]
         return totals
 
+    def _train_head(self, examples: list[HeadExample], optimizer) -> dict:
+        """HEAD_STEPS updates of the acceptance head on this batch's turns (its loss:
+        the mean over turns, so each turn weighs the same). Returns the figures
+        before the first update: head_loss, head_predicted, head_observed."""
+        if not examples:
+            return {}
+        before = {}
+        for step in range(HEAD_STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            losses, predicted = zip(*(head_loss(self.head, e) for e in examples))
+            loss = torch.stack(losses).mean()
+            loss.backward()
+            optimizer.step()
+            if step == 0:
+                before = {"head_loss": float(loss.detach()), "head_predicted": sum(predicted) / len(examples),
+                          "head_observed": sum(float(e.labels.mean()) for e in examples) / len(examples)}
+        self.head.labels_seen += sum(e.labels.numel() for e in examples)
+        return before
+
     def sample_loss(self, model, sample: Sample, check: Check = lambda: None) -> tuple[torch.Tensor, dict]:
-        """The hybrid loss of one (clipped) sample: target forward without grad,
-        drafter forward with grad; logits only from the last prompt position on.
-        check() is called between the phases (it raises to interrupt)."""
+        """The hybrid loss of one (clipped) sample (see _forward)."""
+        fwd = self._forward(model, sample, check)
+        if fwd is None:
+            empty = torch.zeros((), requires_grad=True)
+            return empty, {"dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
+                           "acceptance_estimate": None, "greedy_match": None}
+        s, d_logits, t_logits, _, d_offset, t_offset = fwd
+        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
+
+    def _forward(self, model, sample: Sample, check: Check):
+        """Target forward without grad, drafter forward with grad, logits only from
+        the last prompt position on: (clipped sample, drafter logits, target
+        logits, the drafter's final hidden states beside its logits, their
+        offsets), or None when the sample has nothing to learn from. check() is
+        called between the phases (it raises to interrupt)."""
         s = clip_sample(sample, self.bridge, self.max_prompt_tokens, self.max_reply_tokens)
         t_keep, t_offset = _kept_rows(len(s.target_ids), s.target_prompt_len)
         d_keep, d_offset = _kept_rows(len(s.drafter_ids), s.drafter_prompt_len)
         if (not s.target_reply or not s.drafter_reply or t_keep == 0 or d_keep == 0
                 or not _in_vocab(s.target_ids, self.target_model)
                 or not _in_vocab(s.drafter_ids, self.drafter_model)):
-            empty = torch.zeros((), requires_grad=True)
-            return empty, {"dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
-                           "acceptance_estimate": None, "greedy_match": None}
+            return None
         with torch.no_grad():
             t_logits = self.target_model(
                 input_ids=torch.tensor([s.target_ids]), use_cache=False, logits_to_keep=t_keep
             ).logits[0]
         check()
-        d_logits = model(
-            input_ids=torch.tensor([s.drafter_ids]), use_cache=False, logits_to_keep=d_keep
-        ).logits[0]
+        hidden = []  # what the LM head reads: the final (normed) hidden states of the kept rows
+        hook = self.drafter_model.get_output_embeddings().register_forward_pre_hook(
+            lambda module, args: hidden.append(args[0][0].detach()))
+        try:
+            d_logits = model(
+                input_ids=torch.tensor([s.drafter_ids]), use_cache=False, logits_to_keep=d_keep
+            ).logits[0]
+        finally:
+            hook.remove()
         check()
-        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
+        return s, d_logits, t_logits, torch.cat(hidden) if hidden else None, d_offset, t_offset
 
     # ------------------------------------------------------------ passes
     def _next_batch(self) -> list[Sample]:
@@ -190,7 +246,8 @@ class Learner:
         self._trained = {seq: n for seq, n in self._trained.items() if seq in live}
         self._pass, self._done = set(), set()
         try:
-            self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples})
+            self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples},
+                               head=self.head.state() if self.head is not None else None)
             self.buffer.save()
         except OSError as exc:
             self.warnings.append(f"What the drafter learned could not be saved: {exc}")
@@ -208,6 +265,15 @@ class Learner:
                 params, lr=self.lr, betas=(0.9, 0.999), weight_decay=self.weight_decay
             )
         return self._optimizer
+
+    def _optimizer_for_head(self) -> torch.optim.AdamW | None:
+        """The head's own AdamW (its parameters are few and its lr higher)."""
+        if self.head is None:
+            return None
+        current = self._head_optimizer.param_groups[0]["params"] if self._head_optimizer else []
+        if not current or current[0] is not next(self.head.parameters()):
+            self._head_optimizer = torch.optim.AdamW(self.head.parameters(), lr=HEAD_LR, weight_decay=0.0)
+        return self._head_optimizer
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return self.adapters.lora_state(self.target_id)
@@ -243,6 +309,12 @@ def _means(totals: dict) -> dict:
         "acceptance_estimate": mean("acceptance_estimate", "n_dm"),
         "greedy_match": mean("greedy_match", "n_dm"),
     }
+
+
+def _zero(*optimizers) -> None:
+    for optimizer in optimizers:
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
 
 
 def _checker(should_stop: StopCheck) -> Check:

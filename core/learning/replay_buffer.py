@@ -18,6 +18,8 @@ from ..storage.persistence import CorruptStateError
 from ..storage.secure_store import KeyStore, KeyUnavailableError, load_encrypted, save_encrypted
 
 FORMAT_VERSION = 1
+# Fields added after the format's first version, with what older samples get.
+OPTIONAL = {"temperature": 0.0}
 
 
 @dataclass
@@ -31,6 +33,10 @@ class Sample:
     drafter_prompt_len: int
     proposed: int = 0  # the turn's speculative stats
     accepted: int = 0
+    # The turn's sampling temperature (0: greedy), which decides how its verification
+    # accepted drafts (the acceptance head's labels). Buffers saved before it was
+    # recorded load with 0, the app's default.
+    temperature: float = 0.0
     # Assigned by the buffer: a number no other sample of this buffer ever had, so
     # the learner can tell which samples a pass has already trained on.
     seq: int = -1
@@ -49,9 +55,10 @@ class Sample:
         if not isinstance(raw, dict):
             raise CorruptStateError(path, "a sample is not a record")
         try:
-            values = {f.name: raw[f.name] for f in fields(cls)}
+            values = {f.name: raw[f.name] for f in fields(cls) if f.name not in OPTIONAL}
         except KeyError as exc:
             raise CorruptStateError(path, f"a sample lacks {exc}") from exc
+        values.update({name: raw.get(name, default) for name, default in OPTIONAL.items()})
         for name in ("target_ids", "drafter_ids"):
             ids = values[name]
             if not isinstance(ids, list) or not all(type(i) is int and i >= 0 for i in ids):
@@ -59,6 +66,10 @@ class Sample:
         for name in ("target_prompt_len", "drafter_prompt_len", "proposed", "accepted", "seq"):
             if type(values[name]) is not int:
                 raise CorruptStateError(path, f"a sample's {name} is not an integer")
+        t = values["temperature"]
+        if type(t) not in (int, float) or not 0 <= t < float("inf"):
+            raise CorruptStateError(path, "a sample's temperature is not a temperature")
+        values["temperature"] = float(t)
         sample = cls(**values)
         if not 0 <= sample.target_prompt_len <= len(sample.target_ids) or not (
             0 <= sample.drafter_prompt_len <= len(sample.drafter_ids)
