@@ -76,6 +76,39 @@ def tiny_drafter(smol_tok):
 
 
 @pytest.fixture(scope="module")
+def cross(smol_tok, gemma_tok):
+    """Cross-vocabulary decoding parts: a tiny random Gemma-3 target, a tiny random
+    Llama drafter with SmolLM2's tokenizer, and their vocabulary bridge."""
+    from omnidraft.core.decoding.vocab_bridge import VocabBridge
+
+    from tests.tiny import lean_drafter, tiny_gemma3, tiny_llama
+
+    target = tiny_gemma3(len(gemma_tok), seed=1)
+    drafter = lean_drafter(tiny_llama(len(smol_tok), seed=2), smol_tok)
+    return target, drafter, VocabBridge(smol_tok, gemma_tok)
+
+
+@pytest.fixture
+def target_dir(tmp_path, gemma_tok):
+    """A folder holding a tiny random Gemma-3 target (tests.tiny.tiny_gemma_target)."""
+    from tests.tiny import tiny_gemma_target
+
+    return tiny_gemma_target(tmp_path / "tiny-gemma", gemma_tok)
+
+
+@pytest.fixture
+def no_real_keyring(monkeypatch):
+    """Whatever a test does, the process-wide keyring is a fail backend and no
+    default key store is cached from another test."""
+    import keyring
+    from keyring.backends import fail
+    from omnidraft.core.storage import secure_store
+
+    monkeypatch.setattr(keyring, "get_keyring", lambda: fail.Keyring())
+    monkeypatch.setattr(secure_store, "_default", {})
+
+
+@pytest.fixture(scope="module")
 def gui_home(tmp_path_factory):
     """Like `home`, for a whole module of GUI tests: their window lives that long."""
     home = tmp_path_factory.mktemp("gui") / "home"

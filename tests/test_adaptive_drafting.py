@@ -16,7 +16,7 @@ from omnidraft.core.decoding.speculative import SpecOptions, generate_speculativ
 from omnidraft.core.storage.persistence import CorruptStateError
 from omnidraft.core.storage.secure_store import MAGIC, save_encrypted
 
-from tests.test_speculative import PROMPTS, _run_plain, cross  # noqa: F401 - fixture
+from tests.tiny import PROMPTS, run_plain
 
 
 def _feed(policy, source, steps, tokens, seconds):
@@ -76,7 +76,7 @@ def test_decoding_records_each_source_and_stays_lossless_when_lookups_are_refuse
     prompt = PROMPTS[0]  # repeats itself: lookups are found
     ids = gemma_tok(prompt)["input_ids"]
     prefix = drafter.tokenizer(prompt)["input_ids"]
-    plain = _run_plain(target, gemma_tok, prompt, cfg)
+    plain = run_plain(target, gemma_tok, prompt, cfg)
 
     def run(policy, learn=True):
         return list(generate_speculative(target, gemma_tok, drafter, bridge, ids, prefix, cfg, set(),

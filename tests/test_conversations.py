@@ -3,10 +3,9 @@
 import threading
 import time
 
-import keyring
 import pytest
 from keyring.backends import fail
-from omnidraft.core.storage import conversations, secure_store
+from omnidraft.core.storage import conversations
 from omnidraft.core.storage.conversations import (
     DEFAULT_TITLE,
     ConversationStore,
@@ -16,11 +15,7 @@ from omnidraft.core.storage.conversations import (
 from omnidraft.core.storage.paths import data_dir
 from omnidraft.core.storage.secure_store import KeyStore, save_encrypted
 
-
-@pytest.fixture(autouse=True)
-def no_real_keyring(monkeypatch):
-    monkeypatch.setattr(keyring, "get_keyring", lambda: fail.Keyring())
-    monkeypatch.setattr(secure_store, "_default", {})
+pytestmark = pytest.mark.usefixtures("no_real_keyring")
 
 
 def test_new_append_and_reload(home):

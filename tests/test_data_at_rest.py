@@ -23,14 +23,9 @@ from omnidraft.core.storage import paths
 from omnidraft.core.storage.conversations import ConversationStore
 from omnidraft.core.storage.secure_store import save_encrypted
 
-from tests.test_engine_learning import PROMPTS, learning_engine, tiny_target
+from tests.tiny import LEARN_PROMPTS, learning_engine
 
 SECRET = "My bank passphrase is Quixotic-Marmalade-93817, keep it safe."
-
-
-@pytest.fixture
-def target_dir(tmp_path, gemma_tok) -> Path:
-    return tiny_target(tmp_path / "tiny-gemma", gemma_tok)
 
 
 def _engine(target_dir: Path) -> Engine:
@@ -59,7 +54,7 @@ def test_a_secret_typed_in_a_chat_is_nowhere_readable_on_disk(home, target_dir, 
     store.append_message(conv.id, "user", SECRET)
     done = _chat(engine, SECRET)
     store.append_message(conv.id, "assistant", done.text)
-    for p in PROMPTS:  # enough turns for a learning batch
+    for p in LEARN_PROMPTS:  # enough turns for a learning batch
         _chat(engine, p)
     _learn(engine)
     engine._save_state()
@@ -101,7 +96,7 @@ def _old_format(engine: Engine) -> tuple[dict, dict]:
 
 def test_plaintext_state_from_an_older_version_is_migrated(home, target_dir):
     engine = _engine(target_dir)
-    for p in PROMPTS:
+    for p in LEARN_PROMPTS:
         _chat(engine, p)
     cache, policy = _old_format(engine)
     assert cache["entries"] and policy["stats"]
@@ -125,7 +120,7 @@ def test_plaintext_state_from_an_older_version_is_migrated(home, target_dir):
 @pytest.mark.parametrize("bad", [[1, 2], {"entries": 5}, {"entries": [[1, 2]]}, {"entries": [[["a"], [1]]]}])
 def test_a_wrong_shape_ngram_cache_is_set_aside_and_the_target_loads(home, target_dir, bad, encrypted):
     engine = _engine(target_dir)
-    for p in PROMPTS:
+    for p in LEARN_PROMPTS:
         _chat(engine, p)
     folder = engine.state_dir(engine.target.entry.id)
     (folder / NGRAM_FILE).unlink()
@@ -141,14 +136,14 @@ def test_a_wrong_shape_ngram_cache_is_set_aside_and_the_target_loads(home, targe
     name = NGRAM_FILE if encrypted else NGRAM_LEGACY
     assert list(folder.glob(f"{name}.corrupt*"))
     assert again.draft_policy.summary() == stats  # the rest is kept
-    assert _chat(again, PROMPTS[0]).token_ids  # and it still replies
+    assert _chat(again, LEARN_PROMPTS[0]).token_ids  # and it still replies
 
 
 def _learned(target_dir: Path) -> tuple[Engine, torch.Tensor, Path]:
-    """An engine that served and learned from PROMPTS, its drafter's first learned
+    """An engine that served and learned from LEARN_PROMPTS, its drafter's first learned
     weight, and its adapter's folder."""
     engine = _engine(target_dir)
-    for p in PROMPTS:
+    for p in LEARN_PROMPTS:
         _chat(engine, p)
     _learn(engine)
     return engine, engine._drafter.net.layers[0][1].clone(), engine.adapters.folder(engine.target.entry.id)
@@ -163,7 +158,7 @@ def test_non_numeric_adapter_steps_are_set_aside_and_learning_goes_on(home, targ
 
     again = _engine(target_dir)
     assert torch.equal(again._drafter.net.layers[0][1], learned)  # the weights are kept
-    for p in PROMPTS:
+    for p in LEARN_PROMPTS:
         _chat(again, p)
     progress = again.idle_step()  # before: ValueError at every learner step
     assert progress is not None and progress.state == "running" and progress.steps == 1
@@ -187,7 +182,7 @@ def test_state_under_another_key_is_left_untouched(home, target_dir, tmp_path):
     from omnidraft.core.storage.secure_store import KeyStore
 
     engine = _engine(target_dir)
-    _chat(engine, PROMPTS[0])
+    _chat(engine, LEARN_PROMPTS[0])
     folder = engine.state_dir(engine.target.entry.id)
     foreign = KeyStore(tmp_path / "another-machine", Keyring())
     engine.bridge.cache.save(folder / NGRAM_FILE, foreign)  # e.g. copied from another machine
@@ -196,6 +191,6 @@ def test_state_under_another_key_is_left_untouched(home, target_dir, tmp_path):
     again = _engine(target_dir)
     assert any("key that is not available" in w for w in again.warnings)
     assert len(again.bridge.cache) == 0 and again.draft_policy.stats  # the rest is loaded
-    _chat(again, PROMPTS[1])  # saves the state after the turn
+    _chat(again, LEARN_PROMPTS[1])  # saves the state after the turn
     assert (folder / NGRAM_FILE).read_bytes() == before  # never overwritten
     assert not list(folder.glob("*.corrupt*"))

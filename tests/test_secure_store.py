@@ -3,7 +3,6 @@
 import os
 import stat
 
-import keyring
 import pytest
 from keyring.backend import KeyringBackend
 from keyring.backends import fail
@@ -49,11 +48,7 @@ class BrokenKeyring(MemoryKeyring):
         raise PasswordSetError("locked")
 
 
-@pytest.fixture(autouse=True)
-def no_real_keyring(monkeypatch):
-    """Whatever a test does, the process-wide keyring is a fail backend."""
-    monkeypatch.setattr(keyring, "get_keyring", lambda: fail.Keyring())
-    monkeypatch.setattr(secure_store, "_default", {})
+pytestmark = pytest.mark.usefixtures("no_real_keyring")
 
 
 def test_this_machine_has_no_usable_keyring_so_default_store_falls_back(home):
@@ -83,6 +78,28 @@ def test_key_file_is_reused_across_instances(home):
     b = KeyStore(backend=fail.Keyring())
     assert b.key_fingerprint == a.key_fingerprint
     assert load_encrypted(home / "a.enc", None, b) == SECRET
+
+
+def test_a_key_file_another_process_writes_first_wins(home, monkeypatch):
+    """Two processes starting at once each find no key file; the second to write
+    must take the first one's key, never replace it (its files would be lost)."""
+    from cryptography.fernet import Fernet
+
+    folder, theirs, found = data_dir(), Fernet.generate_key(), []
+    private_dir = secure_store.paths.private_dir
+
+    def other_process_writes_meanwhile(path):
+        made = private_dir(path)
+        found.append((folder / "key").exists())
+        (folder / "key").write_bytes(theirs)
+        return made
+
+    monkeypatch.setattr(secure_store.paths, "private_dir", other_process_writes_meanwhile)
+    keys = KeyStore(folder, backend=fail.Keyring())
+    assert found == [False]  # no key file when this process decided to write one
+    assert keys.key_path.read_bytes() == theirs
+    assert keys.key_fingerprint == secure_store.fingerprint(theirs).hex()
+    assert not list(folder.glob(".key.*"))  # no temporary file left
 
 
 def test_key_file_with_loose_permissions_is_tightened(home):

@@ -3,28 +3,13 @@ random models with the two real tokenizers), sampling, cancellation."""
 
 import pytest
 import torch
-from omnidraft.core.decoding.drafter import Drafter, DraftSettings
-from omnidraft.core.decoding.plain import generate_plain
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.decoding.speculative import SpecOptions, generate_speculative
 from omnidraft.core.decoding.vocab_bridge import VocabBridge
 from omnidraft.core.events import TokenChunk, TurnFinished
-from omnidraft.core.models.catalog import ModelEntry
 from omnidraft.core.models.lean_llama import LeanLlama
-from omnidraft.core.models.loader import LoadedModel
 
-from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen2
-
-PROMPTS = [
-    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
-    "The snowflake fell. The snowflake fell. The",
-    "Ünïcödé ✓ 123 <end_of_turn> text",
-]
-
-
-def _drafter(model, tok, **settings):
-    loaded = LoadedModel(ModelEntry("tiny", "tiny drafter", ""), model, tok, 0.0)
-    return Drafter(loaded, DraftSettings(**{"int8": False, "min_confidence": 0.0, **settings}), max_len=512)
+from tests.tiny import PROMPTS, lean_drafter, run_plain, tiny_llama, tiny_qwen2
 
 
 def _run_spec(target, ttok, drafter, bridge, prompt, cfg, **opts):
@@ -37,34 +22,34 @@ def _run_spec(target, ttok, drafter, bridge, prompt, cfg, **opts):
     return done
 
 
-def _run_plain(target, ttok, prompt, cfg):
-    ids = ttok(prompt)["input_ids"]
-    return list(generate_plain(target, ttok, ids, cfg, set()))[-1]
-
-
-@pytest.fixture(scope="module")
-def cross(smol_tok, gemma_tok):
-    target = tiny_gemma3(len(gemma_tok), seed=1)
-    drafter = _drafter(tiny_llama(len(smol_tok), seed=2), smol_tok)
-    return target, drafter, VocabBridge(smol_tok, gemma_tok)
-
-
 @pytest.mark.parametrize("prompt", PROMPTS)
 @pytest.mark.parametrize("lookup", [True, False])
 def test_cross_vocab_greedy_is_lossless(cross, gemma_tok, prompt, lookup):
     target, drafter, bridge = cross
     cfg = GenerationConfig(max_new_tokens=24)
-    plain = _run_plain(target, gemma_tok, prompt, cfg)
+    plain = run_plain(target, gemma_tok, prompt, cfg)
     spec = _run_spec(target, gemma_tok, drafter, bridge, prompt, cfg, prompt_lookup=lookup)
     assert spec.token_ids == plain.token_ids
     assert spec.text == plain.text
-    assert spec.stats.steps < spec.stats.new_tokens or spec.stats.accepted == 0
+    # Drafts were verified, not skipped, and every step gave its accepted drafts
+    # plus one token of the target's own (the prompt's step: that token alone).
+    assert spec.stats.proposed > 0
+    assert spec.stats.steps + spec.stats.accepted == spec.stats.new_tokens
+
+
+def test_accepted_drafts_save_target_steps(cross, gemma_tok):
+    """The random drafter happens to agree with the random target on this prompt:
+    what it gets accepted spares target forwards."""
+    target, drafter, bridge = cross
+    spec = _run_spec(target, gemma_tok, drafter, bridge, PROMPTS[1], GenerationConfig(max_new_tokens=24))
+    assert spec.stats.accepted > 0
+    assert spec.stats.steps == spec.stats.new_tokens - spec.stats.accepted
 
 
 @pytest.fixture(scope="module")
 def cross_qwen(smol_tok, qwen_tok):
     target = tiny_qwen2(len(qwen_tok), seed=1)
-    drafter = _drafter(tiny_llama(len(smol_tok), seed=2), smol_tok)
+    drafter = lean_drafter(tiny_llama(len(smol_tok), seed=2), smol_tok)
     return target, drafter, VocabBridge(smol_tok, qwen_tok)
 
 
@@ -72,7 +57,7 @@ def cross_qwen(smol_tok, qwen_tok):
 def test_cross_vocab_greedy_is_lossless_with_the_qwen_tokenizer(cross_qwen, qwen_tok, prompt):
     target, drafter, bridge = cross_qwen
     cfg = GenerationConfig(max_new_tokens=24)
-    plain = _run_plain(target, qwen_tok, prompt, cfg)
+    plain = run_plain(target, qwen_tok, prompt, cfg)
     spec = _run_spec(target, qwen_tok, drafter, bridge, prompt, cfg)
     assert spec.token_ids == plain.token_ids
     assert spec.text == plain.text
@@ -81,11 +66,11 @@ def test_cross_vocab_greedy_is_lossless_with_the_qwen_tokenizer(cross_qwen, qwen
 def test_same_vocab_with_a_perfect_drafter_accepts_everything(smol_tok):
     """Drafter = target weights: every proposal is the target's own choice."""
     target = tiny_llama(len(smol_tok), seed=3)
-    drafter = _drafter(target, smol_tok, k=4)
+    drafter = lean_drafter(target, smol_tok, k=4)
     bridge = VocabBridge(smol_tok, smol_tok)
     assert bridge.same_vocab
     cfg = GenerationConfig(max_new_tokens=21)
-    plain = _run_plain(target, smol_tok, PROMPTS[0], cfg)
+    plain = run_plain(target, smol_tok, PROMPTS[0], cfg)
     spec = _run_spec(target, smol_tok, drafter, bridge, PROMPTS[0], cfg, prompt_lookup=False)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.acceptance_rate == 1.0
@@ -106,7 +91,7 @@ def test_speculative_sampling_matches_the_target_distribution(smol_tok):
     """With a drafter that differs from the target, the first sampled token must
     still follow the target's own distribution (the residual corrects it)."""
     target = tiny_llama(len(smol_tok), seed=5)
-    drafter = _drafter(tiny_llama(len(smol_tok), seed=6), smol_tok, k=2)
+    drafter = lean_drafter(tiny_llama(len(smol_tok), seed=6), smol_tok, k=2)
     bridge = VocabBridge(smol_tok, smol_tok)
     ids = smol_tok("hello")["input_ids"]
     cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0)
@@ -135,7 +120,7 @@ def test_cancel_stops_between_steps(cross, gemma_tok):
         cancel=lambda: len(seen) >= 2,
     )
     for e in events:
-        seen.append(e)
+        seen.append(e)  # noqa: PERF402 - cancel() reads seen as it grows
     assert seen[-1].reason == "cancelled"
     assert len(seen[-1].token_ids) < 200
 
@@ -159,13 +144,13 @@ def test_draft_length_adapts_to_the_drafters_confidence(smol_tok):
     model = tiny_llama(len(smol_tok), seed=2)  # random: never confident
     ids = smol_tok(PROMPTS[0])["input_ids"]
     cfg = GenerationConfig()
-    fixed = _drafter(model, smol_tok, k=4, min_confidence=0.0)
+    fixed = lean_drafter(model, smol_tok, k=4, min_confidence=0.0)
     fixed.start(ids)
     assert len(fixed.draft(cfg, None).ids) == 4
-    shy = _drafter(model, smol_tok, k=4, min_confidence=0.9)
+    shy = lean_drafter(model, smol_tok, k=4, min_confidence=0.9)
     shy.start(ids)
     assert len(shy.draft(cfg, None).ids) == 1
-    adaptive = _drafter(model, smol_tok, k=4, min_confidence=0.0, gamma=0.05)
+    adaptive = lean_drafter(model, smol_tok, k=4, min_confidence=0.0, gamma=0.05)
     adaptive.start(ids)
     assert len(adaptive.draft(cfg, None).ids) == 1
 
@@ -190,7 +175,7 @@ def test_drafting_after_accepted_whitespace_re_drafts_it(smol_tok):
     """Token healing: the context leaves out accepted trailing whitespace, and the
     draft's first tokens spell it (the drafter glues an indent to the next word)."""
     model = tiny_llama(len(smol_tok), seed=3)
-    drafter = _drafter(model, smol_tok, k=4)
+    drafter = lean_drafter(model, smol_tok, k=4)
     drafter.start(smol_tok("def f(x):")["input_ids"])
     drafter.sync_text("\n    if x:\n        ", heal=True)
     assert drafter.held == b"\n        "

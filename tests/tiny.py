@@ -1,4 +1,5 @@
-"""Tiny randomly initialised models that share the real tokenizers' vocabularies.
+"""Tiny randomly initialised models that share the real tokenizers' vocabularies,
+and the small helpers tests build on them (drafters, engines, prompts).
 
 They make the fast tier exercise real tokenization (BPE with 'Ġ', SentencePiece
 with '▁', byte fallback, special tokens) at a fraction of the real models' cost.
@@ -11,6 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+# Decoding prompts: one repeats itself (lookups find it), one has a word a
+# tokenizer splits ('snowflake'), one non-ASCII text and a control-token look-alike.
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "The snowflake fell. The snowflake fell. The",
+    "Ünïcödé ✓ 123 <end_of_turn> text",
+]
+# Turns an engine serves and then learns from.
+LEARN_PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
 
 
 def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2, dtype=torch.float32):
@@ -108,4 +119,40 @@ def tiny_engine(folder: Path, model, tokenizer):
     tokenizer.save_pretrained(folder)
     engine = Engine(ModelCatalog(), dtype=torch.float32, learn_settings=LearnSettings(enabled=False))
     engine.load_target(str(folder), measure_baseline=False)
+    return engine
+
+
+def lean_drafter(model, tokenizer, **settings):
+    """A Drafter on `model` in float32 that drafts whatever its confidence (tests
+    set what they need: k, min_confidence, gamma)."""
+    from omnidraft.core.decoding.drafter import Drafter, DraftSettings
+    from omnidraft.core.models.catalog import ModelEntry
+    from omnidraft.core.models.loader import LoadedModel
+
+    loaded = LoadedModel(ModelEntry("tiny", "tiny drafter", ""), model, tokenizer, 0.0)
+    return Drafter(loaded, DraftSettings(**{"int8": False, "min_confidence": 0.0, **settings}), max_len=512)
+
+
+def run_plain(model, tokenizer, prompt: str, cfg):
+    """Plain decoding's TurnFinished for a raw prompt: the reference output."""
+    from omnidraft.core.decoding.plain import generate_plain
+
+    ids = tokenizer(prompt)["input_ids"]
+    return list(generate_plain(model, tokenizer, ids, cfg, set()))[-1]
+
+
+def tiny_gemma_target(folder: Path, gemma_tok) -> Path:
+    """A tiny random Gemma-3 target with the real Gemma tokenizer, saved in folder."""
+    tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(folder)
+    gemma_tok.save_pretrained(folder)
+    return folder
+
+
+def learning_engine(target_dir: Path):
+    """An Engine (float32) serving the target in target_dir, learning in small, fast batches."""
+    from omnidraft.core.engine import Engine, LearnSettings
+    from omnidraft.core.models.catalog import ModelCatalog
+
+    engine = Engine(ModelCatalog(), dtype=torch.float32, learn_settings=LearnSettings(batch_size=2, lr=1e-3))
+    engine.load_target(str(target_dir), measure_baseline=False)
     return engine
