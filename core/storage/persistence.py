@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600, exclusive: bool = False) -> None:
+    """exclusive: never replace an existing file, raise FileExistsError instead
+    (a key file another process created first must win)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -25,11 +27,22 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if exclusive:
+            _link_new(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone already unless linked or failed
     _fsync_dir(path.parent)
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    try:
+        os.link(tmp, path)  # atomic, and fails if path exists
+    except FileExistsError:
+        raise
+    except OSError:  # filesystems without hard links: replace (the race is not guarded there)
+        os.replace(tmp, path)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

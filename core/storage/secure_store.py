@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -206,25 +205,13 @@ def _create_key_file(path: Path) -> bytes:
     """Write a new key with mode 0600. If another process wins the race, use its key."""
     paths.private_dir(path.parent)
     key = Fernet.generate_key()
-    fd, tmp = tempfile.mkstemp(prefix=".key.", suffix=".tmp", dir=path.parent)  # mode 0600
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        try:
-            os.link(tmp, path)  # fails if the file exists: never replaces a key
-        except FileExistsError:
-            theirs = path.read_bytes().strip()
-            if _valid_key(theirs):
-                return theirs
-            raise
-        except OSError:  # filesystems without hard links
-            os.replace(tmp, path)
-            return key
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+        atomic_write_bytes(path, key, exclusive=True)  # never replaces a key
+    except FileExistsError:
+        theirs = path.read_bytes().strip()
+        if _valid_key(theirs):
+            return theirs
+        raise
     return key
 
 
