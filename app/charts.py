@@ -1,10 +1,13 @@
-"""The charts panel: how well the drafter does, reply by reply and while it learns.
+"""The charts panel: whether drafting got faster for this target as it learned.
 
-Four stacked plots (pyqtgraph): acceptance rate per reply with its rolling
-mean, measured speedup over plain decoding, target tokens per step, and the
-learner's loss and acceptance against its step count. The panel shows one
-target at a time (or all), follows the current target, and exports what it
-shows as one PNG and all history as CSV.
+Four stacked plots (pyqtgraph). Over the drafted replies, oldest first: the
+measured speedup over plain decoding, the acceptance rate and the target
+tokens per step, each reply a dot and the mean of the last 10 a line, with an
+orange mark wherever the learner trained between two replies. Then the
+learner's own loss and acceptance estimate against its step count. The line
+above compares the first replies with the latest ("speedup 1.4x -> 1.6x"). The
+panel shows one target at a time (or all), follows the current target, and
+exports what it shows as one PNG and all history as CSV.
 """
 
 from __future__ import annotations
@@ -26,12 +29,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .metrics_history import MetricsHistory, rolling_mean
+from .metrics_history import (
+    ROLLING_WINDOW,
+    MetricsHistory,
+    first_and_last,
+    learner_marks,
+    rolling_mean,
+)
 
 ALL_TARGETS = ""
 ACCENT = "#3b6fd8"
 ACCENT_2 = "#e0803a"
 MUTED = "#9aa4b2"
+MAX_MARKS = 20  # learner marks on a plot before they are thinned to milestones
 SAVE_DELAY_MS = 1000  # coalesce bursts of events into one write
 
 pg.setConfigOptions(background="w", foreground="#4a5361", antialias=True)
@@ -52,6 +62,21 @@ class CountAxis(pg.AxisItem):
         return [str(round(v * scale)) for v in values]
 
 
+def milestones(marks: list[tuple[float, int]], limit: int = MAX_MARKS) -> tuple[list[tuple[float, int]], int | None]:
+    """At most `limit` learner marks: all of them, or, when there are more, one
+    where the step count passes each multiple of a round number (returned too)."""
+    if len(marks) <= limit:
+        return marks, None
+    total = max(steps for _, steps in marks)
+    every = next(m * 10**k for k in range(12) for m in (1, 2, 5) if total / (m * 10**k) <= limit)
+    kept, due = [], every
+    for x, steps in marks:
+        if steps >= due:
+            kept.append((x, steps))
+            due = (steps // every + 1) * every
+    return kept, every
+
+
 class ChartsPanel(QWidget):
     exported = Signal(str)  # path written, for the status bar
 
@@ -67,6 +92,8 @@ class ChartsPanel(QWidget):
         self.name_of = name_of
         self._following = True  # the filter follows the current target until the user picks one
         self._current_target: str | None = None
+        self._drawn: list = []  # the drafted replies the series plots show
+        self._marks: dict = {}  # plot -> its learner marks item
         self._save_timer = QTimer(self, singleShot=True, interval=SAVE_DELAY_MS)
         self._save_timer.timeout.connect(self.save)
         # A reply's figures are drawn in the event-loop pass after the one that
@@ -94,11 +121,10 @@ class ChartsPanel(QWidget):
 
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.ci.setSpacing(12)
-        self.acceptance_plot = self._add_plot(
-            "Acceptance rate per reply", "", (0, 1), "dots: each reply · line: mean of last 10"
-        )
-        self.speedup_plot = self._add_plot("Speedup per reply vs plain decoding", "")
-        self.tps_plot = self._add_plot("Target tokens per step, per reply", "")
+        series = f"dots: each reply · line: mean of last {ROLLING_WINDOW}"
+        self.speedup_plot = self._add_plot("Speedup vs plain decoding", "", None, self._speedup_subtitle(None))
+        self.acceptance_plot = self._add_plot("Acceptance rate", "", (0, 1), series)
+        self.tps_plot = self._add_plot("Target tokens per step", "drafted reply, oldest first", None, series)
         self.learning_plot = self._add_plot(
             "Learning", "learner step", None, "blue: loss (left) · orange: acceptance (right)"
         )
@@ -114,17 +140,18 @@ class ChartsPanel(QWidget):
 
     # ------------------------------------------------------------ building
 
+    @staticmethod
+    def _title(title: str, subtitle: str = "") -> str:
+        # Short titles: a title wider than the panel widens the whole plot column.
+        if subtitle:
+            title += f"<br><span style='font-size:8pt; color:{MUTED}'>{subtitle}</span>"
+        return f"<span style='font-size:10pt'>{title}</span>"
+
     def _add_plot(
         self, title: str, x_label: str, y_range: tuple[float, float] | None = None,
         subtitle: str = "",
     ):
-        # Short titles: a title wider than the panel widens the whole plot column.
-        if subtitle:
-            title += f"<br><span style='font-size:8pt; color:{MUTED}'>{subtitle}</span>"
-        plot = self.plots.addPlot(
-            title=f"<span style='font-size:10pt'>{title}</span>",
-            axisItems={"bottom": CountAxis("bottom")},
-        )
+        plot = self.plots.addPlot(title=self._title(title, subtitle), axisItems={"bottom": CountAxis("bottom")})
         plot.showGrid(x=True, y=True, alpha=0.15)
         if x_label:
             plot.setLabel("bottom", x_label)
@@ -189,9 +216,12 @@ class ChartsPanel(QWidget):
         if self.target_combo.findData(model_id) < 0:
             self._changed()  # a target new to the picker: redraw everything
             return
-        # Only the learning plot shows it: redrawing all four costs ~25 ms of the
-        # GUI's time (plus their repaint) on every learner step.
-        self._draw_learning(self.history.learning_for(self.selected_target()))
+        # Only the learning plot and the marks show it: redrawing all four costs
+        # ~25 ms of the GUI's time (plus their repaint) on every learner step.
+        learning = self.history.learning_for(self.selected_target())
+        self._draw_learning(learning)
+        self._draw_marks(learning)
+        self.summary.setText(self._summary_text(self._drawn, learning))
         self._save_timer.start()
 
     def clear(self) -> None:
@@ -237,55 +267,84 @@ class ChartsPanel(QWidget):
         self._redraw_timer.stop()  # this redraw covers a pending one
         self._fill_combo()
         target = self.selected_target()
-        replies = self.history.replies_for(target)
-        self._draw_acceptance(replies)
-        self._draw_speedup(replies)
-        self._draw_tokens_per_step(replies)
-        self._draw_learning(self.history.learning_for(target))
-        self.summary.setText(self._summary_text(replies))
+        replies = self.history.drafted_for(target)
+        learning = self.history.learning_for(target)
+        self._drawn = replies
+        self._draw_series(self.speedup_plot, replies, "speedup", "Needs the measured plain speed", 1.0)
+        self._draw_series(self.acceptance_plot, replies, "acceptance_rate", "No drafted replies yet")
+        self._draw_series(self.tps_plot, replies, "tokens_per_step", "No drafted replies yet")
+        self._draw_marks(learning)
+        self._draw_learning(learning)
+        self.summary.setText(self._summary_text(replies, learning))
 
-    def _summary_text(self, replies) -> str:
+    def _summary_text(self, replies, learning) -> str:
         if not replies:
-            return "No replies measured yet for this selection."
-        last = replies[-1]
-        parts = [f"{len(replies)} replies", f"last {last.tokens_per_s:.1f} tok/s"]
-        if last.acceptance_rate is not None:
-            parts.append(f"acceptance {last.acceptance_rate:.0%}")
-        if last.speedup is not None:
-            parts.append(f"speedup {last.speedup:.2f}x")
-        return " · ".join(parts)
+            return "No drafted replies measured yet for this selection."
+        parts = []
+        speedups = [r.speedup for r in replies if r.speedup is not None]
+        acceptance = [r.acceptance_rate for r in replies if r.acceptance_rate is not None]
+        if (speed := first_and_last(speedups)) is not None:
+            parts.append(f"Speedup {speed[0]:.2f}x → {speed[1]:.2f}x")
+        elif speedups:
+            parts.append(f"Speedup {speedups[-1]:.2f}x")
+        if (accept := first_and_last(acceptance)) is not None:
+            parts.append(f"{'acceptance' if parts else 'Acceptance'} {accept[0]:.0%} → {accept[1]:.0%}")
+        elif acceptance:
+            parts.append(f"{'acceptance' if parts else 'Acceptance'} {acceptance[-1]:.0%}")
+        n = (speed or accept or (0, 0, 0))[2]
+        text = " · ".join(parts)
+        if n:
+            text += f" (first {n} vs last {n} of {len(replies)} drafted replies)"
+        else:
+            text += f" ({len(replies)} drafted {'reply' if len(replies) == 1 else 'replies'})"
+        steps = max((m.steps for m in learning), default=0)
+        return text + (f" · drafter trained {steps} steps" if steps else " · not trained yet")
 
-    def _draw_acceptance(self, replies) -> None:
-        plot = self.acceptance_plot
+    def _draw_series(self, plot, replies, field: str, empty: str, reference: float | None = None) -> None:
+        """One figure per drafted reply (x: its place, from 1) and its rolling mean."""
         self._reset(plot)
-        points = [(i + 1, r.acceptance_rate) for i, r in enumerate(replies) if r.acceptance_rate is not None]
+        points = [(i + 1, getattr(r, field)) for i, r in enumerate(replies) if getattr(r, field) is not None]
         if not points:
-            return self._placeholder(plot, "No drafted replies yet")
+            return self._placeholder(plot, empty)
+        if reference is not None:
+            plot.addItem(pg.InfiniteLine(pos=reference, angle=0, pen=_pen(MUTED, 1, Qt.PenStyle.DashLine)))
         xs, ys = zip(*points)
         # The titles say what each series is: a legend box would sit on the points.
-        plot.plot(xs, ys, pen=None, symbol="o", symbolSize=6, symbolBrush=MUTED, symbolPen=None)
+        plot.plot(xs, ys, pen=None, symbol="o", symbolSize=5, symbolBrush=MUTED, symbolPen=None)
         plot.plot(xs, rolling_mean(list(ys)), pen=_pen(ACCENT))
+        plot.setXRange(0.5, max(xs) + 0.5, padding=0.02)
 
-    def _draw_speedup(self, replies) -> None:
-        plot = self.speedup_plot
-        self._reset(plot)
-        points = [(i + 1, r.speedup) for i, r in enumerate(replies) if r.speedup is not None]
-        if not points:
-            return self._placeholder(plot, "Needs the measured plain speed")
-        plot.addItem(pg.InfiniteLine(pos=1.0, angle=0, pen=_pen(MUTED, 1, Qt.PenStyle.DashLine)))
-        xs, ys = zip(*points)
-        plot.plot(xs, ys, pen=_pen(ACCENT, 1.5), symbol="o", symbolSize=6,
-                  symbolBrush=ACCENT, symbolPen=None)
+    @staticmethod
+    def _speedup_subtitle(every: int | None) -> str:
+        what = f"every {every} learner steps" if every else "the drafter learned here"
+        return (f"dots: each reply · line: mean of last {ROLLING_WINDOW}"
+                f"<br><span style='color:{ACCENT_2}'>|</span> {what}")
 
-    def _draw_tokens_per_step(self, replies) -> None:
-        plot = self.tps_plot
-        self._reset(plot)
-        points = [(i + 1, r.tokens_per_step) for i, r in enumerate(replies) if r.tokens_per_step]
-        if not points:
-            return self._placeholder(plot, "No replies yet")
-        xs, ys = zip(*points)
-        plot.plot(xs, ys, pen=_pen(ACCENT, 1.5), symbol="o", symbolSize=6,
-                  symbolBrush=ACCENT, symbolPen=None)
+    def _draw_marks(self, learning) -> None:
+        """A short orange tick under each series plot's dots wherever the learner
+        trained between two replies: one item per plot, however many marks."""
+        marks, every = milestones(learner_marks(self._drawn, learning))
+        self.speedup_plot.setTitle(self._title("Speedup vs plain decoding", self._speedup_subtitle(every)))
+        for plot in (self.speedup_plot, self.acceptance_plot, self.tps_plot):
+            old = self._marks.pop(plot, None)
+            if old is not None and old.scene() is not None:  # not already cleared by a redraw
+                plot.removeItem(old)
+            data = [item.getData()[1] for item in plot.listDataItems()]
+            if not marks or not data:
+                continue
+            low = min(min(ys) for ys in data)
+            high = max(max(ys) for ys in data)
+            if plot is self.acceptance_plot:
+                low, high = 0.0, 1.0
+            elif plot is self.speedup_plot:
+                low, high = min(low, 1.0), max(high, 1.0)
+            span = (high - low) or 1.0
+            xs = [x for x, _ in marks for _ in (0, 1)]
+            # Below the lowest dot (acceptance: at its 0, inside the fixed 0-1 view).
+            foot = (-0.04, 0.04) if plot is self.acceptance_plot else (low - 0.14 * span, low - 0.04 * span)
+            ys = [y for _ in marks for y in foot]
+            self._marks[plot] = pg.PlotDataItem(xs, ys, connect="pairs", pen=_pen(ACCENT_2, 2.5))
+            plot.addItem(self._marks[plot])
 
     def _draw_learning(self, points) -> None:
         plot = self.learning_plot

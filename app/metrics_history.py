@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import time
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -64,6 +65,28 @@ def rolling_mean(values: list[float], window: int = ROLLING_WINDOW) -> list[floa
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
+
+
+def first_and_last(values: list[float], window: int = ROLLING_WINDOW) -> tuple[float, float, int] | None:
+    """(mean of the first values, mean of the last, how many each): `window` each,
+    or half of them each when there are fewer than 2 * window; None under 2.
+    What "it got faster since I started" compares."""
+    if len(values) < 2:
+        return None
+    n = min(window, len(values) // 2)
+    return sum(values[:n]) / n, sum(values[-n:]) / n, n
+
+
+def learner_marks(replies: list[ReplyMetric], learning: list[LearningMetric]) -> list[tuple[float, int]]:
+    """Where the learner trained, on the replies' axis (reply i at x = i, from 1):
+    one mark per gap between replies in which it took steps, at x = n + 0.5 after
+    the n-th reply, with the learner's step count by then."""
+    times = [r.time for r in replies]  # appended as they finished: in order
+    marks: dict[int, int] = {}
+    for m in learning:
+        n = bisect_right(times, m.time)
+        marks[n] = max(marks.get(n, 0), m.steps)
+    return [(n + 0.5, steps) for n, steps in sorted(marks.items())]
 
 
 class MetricsHistory:
@@ -123,6 +146,10 @@ class MetricsHistory:
 
     def replies_for(self, model_id: str | None) -> list[ReplyMetric]:
         return [r for r in self.replies if model_id is None or r.model_id == model_id]
+
+    def drafted_for(self, model_id: str | None) -> list[ReplyMetric]:
+        """The replies the drafter took part in (what learning can speed up)."""
+        return [r for r in self.replies_for(model_id) if r.method == "omnidraft"]
 
     def learning_for(self, model_id: str | None) -> list[LearningMetric]:
         return [m for m in self.learning if model_id is None or m.model_id == model_id]
