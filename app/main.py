@@ -2,7 +2,8 @@
 
 The asyncio loop and the Qt loop are one loop (qasync), so the worker's events
 are pumped by an asyncio task while Qt paints; nothing here ever blocks on the
-engine.
+engine. One app per data folder (app/single_instance.py): a second start brings
+the first window forward and ends.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ def run_app(target: str | None = None) -> int:
         return 1
 
     import qasync
+    from omnidraft.core.storage import paths
     from PySide6.QtCore import QCoreApplication, QEvent
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from .main_window import MainWindow
     from .qt_check import binding_problem
+    from .single_instance import RaiseServer, bring_to_front, claim_folder
     from .theme import apply_theme
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -45,9 +48,19 @@ def run_app(target: str | None = None) -> int:
         QMessageBox.critical(None, "OmniDraft cannot start", problem)
         return 1
 
+    # One app per data folder: a second one would overwrite this one's chats.
+    folder = paths.data_dir()
+    lock, busy = claim_folder(folder)
+    if lock is None:
+        print(busy, file=sys.stderr)
+        QMessageBox.information(None, "OmniDraft is already open", busy)
+        return 1
+
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     window = MainWindow(target=target)
+    raise_server = RaiseServer(folder, window)
+    raise_server.raise_requested.connect(lambda: bring_to_front(window))
     closed = asyncio.Event()
     window.closed.connect(closed.set)
     # Ctrl+C in the terminal closes the window the normal way (saving everything);
@@ -61,4 +74,5 @@ def run_app(target: str | None = None) -> int:
     # exit, Qt objects can be destroyed after the app and crash on the way out.
     window.deleteLater()
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    lock.release()  # the worker has stopped and everything is saved
     return 0

@@ -297,9 +297,13 @@ class MainWindow(QMainWindow):
         self.targets.forget_loaded()
         self.pane.show_conversation(None)
         message = "All conversations and learned data were deleted."
+        why = {paths.KEY_FILE_NAME: "the encryption key file: it holds no data of yours, "
+               "and the running app still encrypts with it"}
+        for name in paths.LOCK_FILE_NAMES:
+            why[name] = "it holds only this app's process id and keeps a second OmniDraft off this folder"
         if kept:
-            message += (f" Kept: {', '.join(kept)} (the encryption key file: it holds no data "
-                        "of yours, and the running app still encrypts with it).")
+            kept.sort(key=lambda name: name != paths.KEY_FILE_NAME)  # the one that matters first
+            message += " Kept: " + "; ".join(f"{name} ({why.get(name, 'asked to keep')})" for name in kept) + "."
         self.banner.show_message("cleared", message)
         self.bridge.start()
 

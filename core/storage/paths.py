@@ -20,6 +20,11 @@ PRIVATE_DIR_MODE = 0o700
 # The fallback encryption key file (core.storage.secure_store.KEY_FILE_NAME; named here
 # because secure_store imports this module).
 KEY_FILE_NAME = "key"
+# The locks that keep a second app and a second engine off one data folder
+# (core.storage.folder_lock); clear_data keeps them whatever `keep` says.
+INSTANCE_LOCK_NAME = "instance.lock"
+ENGINE_LOCK_NAME = "engine.lock"
+LOCK_FILE_NAMES = (INSTANCE_LOCK_NAME, ENGINE_LOCK_NAME)
 
 
 def private_dir(path: Path) -> Path:
@@ -88,18 +93,20 @@ def all_roots() -> list[Path]:
 
 def clear_data(keep: tuple[str, ...] = (KEY_FILE_NAME,)) -> list[str]:
     """Delete every file and folder in the data folder except the names in `keep`
-    (top-level entries); returns the kept names that exist.
+    (top-level entries) and the lock files; returns the kept names that exist.
 
     Whatever the app loaded or not: damaged files set aside as `.corrupt`, chats
     encrypted with another key, files of other versions. The key file is kept by
     default: the running app still encrypts with it, and files it writes after
-    this would be unreadable on the next start without it. Settings (config
-    folder) and converted model copies (cache folder) are not data and stay.
+    this would be unreadable on the next start without it. The lock files hold
+    only a pid; deleting one held by the running app would let a second app lock
+    a new file of that name. Settings (config folder) and converted model copies
+    (cache folder) are not data and stay.
     """
     data = data_dir()
     kept = []
     for item in sorted(data.iterdir()):
-        if item.name in keep:
+        if item.name in keep or item.name in LOCK_FILE_NAMES:
             kept.append(item.name)
         elif item.is_dir() and not item.is_symlink():
             shutil.rmtree(item)

@@ -14,6 +14,9 @@ queue and writes typed events to another:
   (engine.idle_step(should_stop)), which gives way at its next layer boundary once
   a request waits, so a new request starts within a fraction of a second.
 * Every event that answers a request carries that request's id (core.worker.protocol).
+* One engine per data folder (engine.lock, core.storage.folder_lock), and it ends
+  when its GUI is gone: a running reply stops at its next decoding step, learning
+  at its next layer boundary, an idle loop within half a second.
 
 The engine is used through core.engine_api.EngineAPI, called directly, never probed.
 
@@ -68,6 +71,9 @@ if TYPE_CHECKING:
     from ..models.catalog import ModelEntry
 
 BATCH_INTERVAL_S = 0.03
+# How long a starting engine waits for a previous engine on the same data folder
+# to end (one whose GUI died stops within a decoding step or half a second idle).
+ENGINE_LOCK_WAIT_S = 15.0
 # How often the loop wakes while waiting, to notice that the idle delay has passed.
 _WAKE_S = 0.5
 
@@ -198,6 +204,10 @@ class WorkerLoop:
     def _request_waiting(self) -> bool:
         return bool(self.pending) or not self.requests.empty()
 
+    def _should_give_way(self) -> bool:
+        """Learning stops at its next layer boundary for a request, or when the GUI is gone."""
+        return self._request_waiting() or not self.parent_alive()
+
     def _learning_due(self) -> bool:
         if not self._can_learn():
             return False
@@ -208,7 +218,7 @@ class WorkerLoop:
         """One short unit of learning; the loop checks the queue again right after."""
         try:
             # A request waiting in the queue stops training at the next layer boundary.
-            progress = self.engine.idle_step(should_stop=self._request_waiting)
+            progress = self.engine.idle_step(should_stop=self._should_give_way)
         except Exception as exc:  # noqa: BLE001 - learning must never take the worker down
             self.learning_has_work = False  # don't repeat a failing step in a tight loop
             self.learn_now = False
@@ -339,6 +349,9 @@ class WorkerLoop:
         def cancel() -> bool:
             nonlocal cancelled
             cancelled = self._drain(request.request_id) or cancelled
+            # A GUI gone mid-reply: stop now (what was written is saved as cancelled)
+            # rather than write up to max tokens nobody reads, still holding the folder.
+            cancelled = cancelled or not self.parent_alive()
             batcher.flush_if_due()  # text held while a step was slow still goes out
             return cancelled
 
@@ -438,14 +451,31 @@ def worker_main(requests: Any, events: Any, home: str | None = None, threads: in
     except RuntimeError:  # already set (only allowed once per process)
         pass
     from ..engine import Engine
+    from ..storage.folder_lock import ENGINE_LOCK_NAME, FolderBusyError, FolderLock
 
+    parent = mp.parent_process()
+
+    def parent_alive() -> bool:
+        return parent is None or parent.is_alive()
+
+    try:
+        # One engine per data folder: an engine of a GUI that just died stops within
+        # a decoding step (parent_alive), so a quick restart waits for it briefly.
+        lock = FolderLock(ENGINE_LOCK_NAME).acquire(wait_s=ENGINE_LOCK_WAIT_S)
+    except FolderBusyError as exc:
+        events.put(ErrorEvent(None, f"The engine did not start: {exc}"))
+        return
     try:
         engine = Engine()
     except Exception as exc:
         events.put(ErrorEvent(None, f"The engine could not start ({_short(exc)}).", traceback.format_exc()))
         raise
-    parent = mp.parent_process()
-    WorkerLoop(requests, events, engine, parent_alive=lambda: parent is None or parent.is_alive()).run()
+    WorkerLoop(requests, events, engine, parent_alive=parent_alive).run()
+    lock.release()
+    if not parent_alive():
+        # Nobody reads the events any more: exiting must not wait for the queue's
+        # feeder thread to push them into a pipe that may be full.
+        events.cancel_join_thread()
 
 
 class WorkerHandle:
