@@ -29,6 +29,7 @@ def test_bundled_entries_are_listed(home):
         (lambda d: _mkdir(d / "empty"), "no config.json"),
         (lambda d: _hf_dir(d / "vit", {"model_type": "vit"}), "not a supported"),
         (lambda d: _hf_dir(d / "noweights", {"model_type": "llama"}), "no weights"),
+        (lambda d: _link_loop(d / "loop.gguf"), "symbolic link that leads back to itself"),
     ],
 )
 def test_bad_paths_are_rejected_with_a_clear_message(home, tmp_path, make, message):
@@ -37,6 +38,8 @@ def test_bad_paths_are_rejected_with_a_clear_message(home, tmp_path, make, messa
     with pytest.raises(ModelError, match=message):
         catalog.add(path)
     assert len(catalog.entries()) == len(BUNDLED)  # nothing half-added
+    with pytest.raises(ModelError, match=message):  # opened by path, as --target does
+        catalog.get(str(path))
 
 
 def test_user_entries_persist_and_can_be_removed(home, tmp_path, smol_tok):
@@ -75,6 +78,13 @@ def test_corrupt_catalog_is_kept_aside_and_reported(home):
 
 def _write(path, data):
     path.write_bytes(data)
+    return path
+
+
+def _link_loop(path):
+    other = path.with_name("other.gguf")
+    path.symlink_to(other)
+    other.symlink_to(path)
     return path
 
 

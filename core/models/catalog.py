@@ -172,9 +172,23 @@ def inspect_hf_folder(path: Path) -> dict:
     return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes, "size": size}
 
 
+def resolved(path: str | Path) -> Path:
+    """The absolute path with links followed; ModelError for a link loop (Python's
+    RuntimeError would reach the person as 'something went wrong in the engine')."""
+    path = Path(path).expanduser()
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as exc:
+        raise ModelError(
+            f"{path} is a symbolic link that leads back to itself ({exc}); choose the model file "
+            "or folder it was meant to point to."
+        ) from exc
+
+
 def inspect_path(path: str | Path) -> dict:
     """Validate a user-offered model path; raises ModelError naming the problem."""
     path = Path(path).expanduser()
+    resolved(path)  # a link loop is named as such, not as a missing file
     if not path.exists():
         raise ModelError(f"{path} does not exist.")
     if path.is_file():
@@ -226,14 +240,14 @@ class ModelCatalog:
         candidate = Path(id_or_path).expanduser()
         if candidate.exists() or os.sep in id_or_path or id_or_path.endswith(".gguf"):
             for entry in self._user:
-                if Path(entry.path) == candidate.resolve():
+                if Path(entry.path) == resolved(candidate):
                     return entry
             return self.add(candidate, persist=False)
         known = ", ".join(e.id for e in self.entries())
         raise ModelError(f"No model '{id_or_path}' in the catalog (known: {known}).")
 
     def add(self, path: str | Path, persist: bool = True) -> ModelEntry:
-        path = Path(path).expanduser().resolve()
+        path = resolved(path)
         info = inspect_path(path)
         for entry in self._user:
             if Path(entry.path) == path:

@@ -9,7 +9,6 @@ complete, so a conversion killed half-way is never mistaken for a good cache.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -20,10 +19,11 @@ import torch
 
 from ..storage import paths
 from ..storage.persistence import partial_path, remove_stale_partials
+from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
 
-_COMPLETE = "omnidraft-converted.json"
+_COMPLETE = converted_cache.MARKER
 CONVERTED_FORMAT = 1
 
 
@@ -65,7 +65,7 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = no_progress
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     dest = converted_dir(entry, gguf)
-    if is_complete(dest):
+    if converted_cache.usable(dest, gguf.name, progress):  # a damaged copy is removed
         return dest
     # Anything here without the completion marker is a half-written cache: rebuild it.
     shutil.rmtree(dest, ignore_errors=True)
@@ -89,7 +89,7 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = no_progress
     if entry.id == GEMMA_ID:
         for terms in gemma_terms_files():
             shutil.copy2(terms, tmp / terms.name)
-    (tmp / _COMPLETE).write_text(json.dumps({"source": str(gguf), "format": CONVERTED_FORMAT}))
+    converted_cache.seal(tmp, gguf, CONVERTED_FORMAT)
     os.replace(tmp, dest)
     progress("Converted", 0.95)
     return dest
