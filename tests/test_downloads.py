@@ -55,7 +55,7 @@ def test_cancel_keeps_the_partial_file_and_a_later_download_resumes_it(home, hub
     served = hub.add(OFFER.repo_id, OFFER.filename, gguf_bytes)
     seen: list[int] = []
     with pytest.raises(DownloadCancelled):
-        download(OFFER, progress=lambda done, total: seen.append(done), cancelled=lambda: len(seen) > 2)
+        download(OFFER, lambda done, total: seen.append(done), lambda: len(seen) > 2)  # (progress, stop when true)
     state = local_state(OFFER)
     assert state.path is None and not downloads.final_path(OFFER).exists()
     assert 0 < state.partial_bytes < len(gguf_bytes)
@@ -74,7 +74,7 @@ def test_a_server_that_ignores_the_range_still_gives_a_whole_checked_file(home, 
     hub.add(OFFER.repo_id, OFFER.filename, gguf_bytes)
     seen: list[int] = []
     with pytest.raises(DownloadCancelled):
-        download(OFFER, progress=lambda done, total: seen.append(done), cancelled=lambda: len(seen) > 2)
+        download(OFFER, lambda done, total: seen.append(done), lambda: len(seen) > 2)
     hub.ignore_range = True
     assert download(OFFER).read_bytes() == gguf_bytes
 
@@ -83,7 +83,7 @@ def test_a_file_changed_on_the_hub_since_is_started_over(home, hub, gguf_bytes, 
     hub.add(OFFER.repo_id, OFFER.filename, gguf_bytes)
     seen: list[int] = []
     with pytest.raises(DownloadCancelled):
-        download(OFFER, progress=lambda done, total: seen.append(done), cancelled=lambda: len(seen) > 2)
+        download(OFFER, lambda done, total: seen.append(done), lambda: len(seen) > 2)
     newer = write_tiny_gguf(tmp_path / "newer.gguf", name="Tiny Newer").read_bytes()
     served = hub.add(OFFER.repo_id, OFFER.filename, newer)
     assert download(OFFER).read_bytes() == newer
