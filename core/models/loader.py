@@ -22,6 +22,7 @@ from ..storage.persistence import partial_path, remove_stale_partials
 from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
+from .quantize import quantize_int8
 
 _COMPLETE = converted_cache.MARKER
 CONVERTED_FORMAT = 1
@@ -33,6 +34,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object  # a transformers PreTrainedTokenizerBase
     load_seconds: float
+    int8: bool = False  # linear layers quantized (core/models/quantize.py)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -105,9 +107,13 @@ def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
 
 
 def load(
-    entry: ModelEntry, dtype: torch.dtype = torch.bfloat16, progress: Progress = no_progress
+    entry: ModelEntry,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: Progress = no_progress,
+    int8: bool = False,
 ) -> LoadedModel:
-    """Load a catalog entry for inference. Raises ModelError with a readable message."""
+    """Load a catalog entry for inference, its linear layers in int8 if asked.
+    Raises ModelError with a readable message."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
@@ -119,6 +125,9 @@ def load(
     except Exception as exc:
         raise ModelError(f"{entry.name} could not be loaded: {exc}") from exc
     model.eval()
+    if int8:
+        progress(f"Quantizing {entry.name} to int8", 0.962)
+        quantize_int8(model)
     # Not 1.0: the engine still loads the drafter and measures the target after this.
     progress(f"{entry.name} loaded", 0.965)
-    return LoadedModel(entry, model, tokenizer, time.perf_counter() - start)
+    return LoadedModel(entry, model, tokenizer, time.perf_counter() - start, int8)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .gguf_header import read_header
+from .quantize import parameter_count
 
 if TYPE_CHECKING:
     from ..decoding.vocab_bridge import VocabBridge
@@ -91,9 +92,9 @@ def describe(
         model_id=target.entry.id,
         name=target.entry.name,
         architecture=model.config.model_type,
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=parameter_count(model),
         quantization=_stored_as(target),
-        runs_as=str(target.dtype).removeprefix("torch."),
+        runs_as=("int8 weights, " if target.int8 else "") + str(target.dtype).removeprefix("torch."),
         context_length=getattr(model.config, "max_position_embeddings", None),
         context_used=context_used,
         tokenizer_size=len(target.tokenizer),

@@ -1,0 +1,113 @@
+"""Quantized target weights: int8 linear layers whose cost stays flat in the rows verified.
+
+Why this format (scripts/speed_floor.py, docs/results/speed-floor.json; 2 threads
+here): per 220 MB of bf16-equivalent weight, fbgemm's int8 GEMM with dynamically
+quantized activations costs 3.5 / 2.9 / 3.0 / 3.0 / 3.3 ms for 1 / 2 / 3 / 5 / 8
+rows, against 10.3-11.9 ms in bf16 and, for weight-only int4, 3.1 ms for one row
+but 10.7 ms for five. It is the only kernel both ~3x cheaper than bf16 and flat in
+the k+1 rows a speculative verification feeds it, which is what the method needs.
+
+Rows stay independent: fbgemm quantizes its whole input with one scale, so a
+verified token's result would depend on the other tokens verified beside it, and
+speculative decoding would drift from plain decoding of the same weights. Each row
+is divided by its own absolute maximum (so every row lies in [-1, 1]) and one
+anchor row holding -1 and +1 is appended, so the input's range, hence its
+quantization, is always exactly [-1, 1] whatever else is in the batch; the integer
+products are exact, so a row's output no longer depends on its neighbours.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+
+# Linear layers below this size stay as they are (the saving is nil and tiny test
+# models keep their exact float path where they have nothing to gain).
+MIN_WEIGHTS = 1 << 16
+
+
+def pack_int8(weight: torch.Tensor):
+    """A [out, in] float weight as fbgemm's packed per-output-channel symmetric int8."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+    zeros = torch.zeros(w.shape[0], dtype=torch.int64)
+    with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        qweight = torch.quantize_per_channel(w, scales, zeros, axis=0, dtype=torch.qint8)
+    return torch.ops.quantized.linear_prepack(qweight, None)
+
+
+@functools.cache
+def _anchor(width: int) -> torch.Tensor:
+    """The row that pins the quantizer's range to exactly [-1, 1]."""
+    anchor = torch.zeros(1, width)
+    anchor[0, 0], anchor[0, -1] = -1.0, 1.0
+    return anchor
+
+
+def int8_mm(rows: torch.Tensor, packed) -> torch.Tensor:
+    """rows [n, in] @ W^T in float32, each row quantized on its own scale (see above)."""
+    rows = rows.float()
+    scale = rows.abs().amax(1, keepdim=True).clamp(min=1e-30)
+    # reduce_range: 7-bit activations, which cannot overflow AVX2's 16-bit pair sums.
+    return torch.ops.quantized.linear_dynamic(torch.cat([rows / scale, _anchor(rows.shape[-1])]), packed, True)[:-1] * scale
+
+
+class Int8Linear(torch.nn.Module):
+    """y = x W^T + b with W stored as per-output-channel symmetric int8."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self._packed = pack_int8(linear.weight)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = linear.bias
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_mm(x.reshape(-1, self.in_features), self._packed)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def quantize_int8(model: torch.nn.Module) -> int:
+    """Replace the model's large linear layers (its LM head included) in place;
+    returns how many were replaced. The float weights are freed as each goes."""
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is torch.nn.Linear and child.weight.numel() >= MIN_WEIGHTS:
+                setattr(module, name, Int8Linear(child))
+                replaced += 1
+    if getattr(model.config, "tie_word_embeddings", False):
+        # The input embeddings keep their float table; the head now has its own int8 copy.
+        model.config.tie_word_embeddings = False
+    return replaced
+
+
+def streamed_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes one forward reads: every linear layer's (int8 ones at one byte a
+    weight), not the embedding table, of which a forward reads a few rows. Divided
+    by the memory bandwidth (scripts/speed_floor.py) it is the forward's floor."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Int8Linear):
+            total += m.in_features * m.out_features
+        elif isinstance(m, torch.nn.Linear):
+            total += m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Weights of the model as published: its parameters plus the int8 layers' packed ones."""
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, Int8Linear))
+    return packed + sum(p.numel() for p in model.parameters())
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())
