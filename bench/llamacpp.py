@@ -10,6 +10,7 @@ beside the interpreter and copied into every bench report.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -95,6 +96,7 @@ def runner(gguf: Path, tokenizer, stops: set[int], chat: bool, threads: int):
     llm = llama_cpp.Llama(
         model_path=str(gguf), n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False
     )
+    atexit.register(llm.close)  # before interpreter teardown, which it does not survive
     calls = [0]
 
     def run(prompt: str, cfg) -> tuple[list[int], None]:
