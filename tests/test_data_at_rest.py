@@ -19,6 +19,7 @@ from omnidraft.core.engine import (
 )
 from omnidraft.core.events import TurnFinished
 from omnidraft.core.learning.adapters import LEGACY_META_FILE, META_FILE
+from omnidraft.core.learning.replay_buffer import LOG_MAGIC
 from omnidraft.core.storage import paths
 from omnidraft.core.storage.conversations import ConversationStore
 from omnidraft.core.storage.secure_store import save_encrypted
@@ -81,8 +82,9 @@ def test_a_secret_typed_in_a_chat_is_nowhere_readable_on_disk(home, target_dir, 
             assert word not in data, f"{f} holds the secret's text"
         for needle in needles:
             assert needle not in flat, f"{f} holds the secret's token ids"
-    # Only the key and peft's hyperparameters stay plaintext; everything else is ours, encrypted.
-    plain = {f.name for f in files if not f.read_bytes().startswith(b"OMDENC1\n")}
+    # Only the key and peft's hyperparameters stay plaintext; everything else is ours,
+    # encrypted whole or (the replay buffer's log) record by record.
+    plain = {f.name for f in files if not f.read_bytes().startswith((b"OMDENC1\n", LOG_MAGIC))}
     assert plain <= {"key", "adapter_config.json"}, plain
 
 

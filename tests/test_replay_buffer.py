@@ -1,6 +1,7 @@
 """The learner's replay buffer: encrypted, bounded, and never fatal when damaged."""
 
 import json
+import random
 
 import pytest
 from keyring.backends import fail
@@ -108,3 +109,93 @@ def test_foreign_key_leaves_the_file_alone(tmp_path, keys, smol_tok):
     buf.add(_sample(smol_tok))
     buf.save()
     assert path.read_bytes() == before
+
+
+def test_saving_after_a_reply_appends_that_sample_only(tmp_path, keys, smol_tok):
+    """A save must not cost the whole buffer (31 MiB, 5-9 s at its cap, waited for
+    by every reply): what was written stays byte for byte, one record is added."""
+    path = tmp_path / "buffer.bin"
+    buf = ReplayBuffer(path, keys=keys)
+    for n in range(20):
+        buf.add(_sample(smol_tok, f" turn {n}"))
+    buf.save()
+    before = path.read_bytes()
+    buf.add(_sample(smol_tok, " one more turn"))
+    buf.save()
+    after = path.read_bytes()
+    assert after.startswith(before)
+    assert 0 < len(after) - len(before) < len(before) / 10
+    assert ReplayBuffer.load(path, keys=keys).samples() == buf.samples()
+
+
+def test_a_save_cut_short_by_a_kill_loses_only_that_sample(tmp_path, keys, smol_tok):
+    path = tmp_path / "buffer.bin"
+    buf = ReplayBuffer(path, keys=keys)
+    kept = [buf.add(_sample(smol_tok, f" turn {n}")) for n in range(3)]
+    buf.save()
+    whole = path.stat().st_size
+    buf.add(_sample(smol_tok, " the turn being saved"))
+    buf.save()
+    with open(path, "r+b") as f:  # the kill landed in the middle of that append
+        f.truncate(whole + (path.stat().st_size - whole) // 2)
+    loaded = ReplayBuffer.load(path, keys=keys)
+    assert loaded.warning is None and loaded.samples() == kept
+    nxt = loaded.add(_sample(smol_tok, " next turn"))
+    loaded.save()  # the cut-short tail is not built upon
+    again = ReplayBuffer.load(path, keys=keys)
+    assert again.warning is None and again.samples() == [*kept, nxt]
+
+
+def test_the_log_replays_to_the_same_buffer_through_drops_removals_and_rewrites(
+    tmp_path, keys, monkeypatch
+):
+    from omnidraft.core.learning import replay_buffer
+
+    monkeypatch.setattr(replay_buffer, "COMPACT_FLOOR_BYTES", 2000)  # rewrites happen too
+    path = tmp_path / "buffer.bin"
+    buf = ReplayBuffer(path, max_samples=5, keys=keys)
+    rng = random.Random(1)
+    rewrites = 0
+    for step in range(120):
+        action = rng.random()
+        if action < 0.6:
+            n = rng.randrange(2, 40)
+            buf.add(Sample(list(range(n)), n // 2, list(range(n + 1)), n // 2, temperature=0.5))
+        elif action < 0.75 and len(buf):
+            buf.remove({s.seq for s in rng.sample(buf.samples(), rng.randrange(1, len(buf) + 1))})
+        size = path.stat().st_size if path.exists() else 0
+        buf.save()
+        rewrites += path.exists() and path.stat().st_size < size
+        loaded = ReplayBuffer.load(path, max_samples=5, keys=keys)
+        assert loaded.warning is None
+        assert loaded.samples() == buf.samples(), step
+        assert loaded.total_added == buf.total_added
+    assert rewrites > 0, "the log was never compacted"
+
+
+def test_a_buffer_of_the_older_format_is_rewritten_as_a_log(tmp_path, keys, smol_tok):
+    from omnidraft.core.learning.replay_buffer import LOG_MAGIC
+
+    path = tmp_path / "buffer.bin"
+    sample = {**vars(_sample(smol_tok)), "seq": 4}
+    save_encrypted(path, {"version": 1, "total_added": 5, "samples": [sample]}, keys)
+    buf = ReplayBuffer.load(path, keys=keys)
+    assert [s.seq for s in buf.samples()] == [4] and buf.total_added == 5
+    buf.save()
+    assert path.read_bytes().startswith(LOG_MAGIC)
+    loaded = ReplayBuffer.load(path, keys=keys)
+    assert loaded.samples() == buf.samples() and loaded.add(_sample(smol_tok)).seq == 5
+
+
+def test_a_damaged_record_in_the_log_sets_the_file_aside(tmp_path, keys, smol_tok):
+    path = tmp_path / "buffer.bin"
+    buf = ReplayBuffer(path, keys=keys)
+    for n in range(3):
+        buf.add(_sample(smol_tok, f" turn {n}"))
+    buf.save()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    loaded = ReplayBuffer.load(path, keys=keys)
+    assert len(loaded) == 0 and "damaged" in loaded.warning
+    assert (tmp_path / "buffer.bin.corrupt").exists()

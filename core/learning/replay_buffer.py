@@ -2,22 +2,47 @@
 
 OMNIDRAFT.md section 2: every served turn is appended; every I prompts the
 learner makes one pass over the buffer and clears it. The samples are the
-user's own conversation (token ids decode straight back to text), so the file
-is encrypted with core.storage.secure_store and written atomically. Bounded: when full
-the oldest sample is dropped. A damaged file never stops the app: it is moved
-aside and an empty buffer is used, with `warning` saying so.
+user's own conversation (token ids decode straight back to text), so they are
+encrypted with core.storage.secure_store. Bounded: when full the oldest sample
+is dropped. A damaged file never stops the app: it is moved aside and an empty
+buffer is used, with `warning` saying so.
+
+The file is a log, so that saving after a reply costs that reply's sample, not
+the whole buffer (at its cap with long chats, 31 MiB re-encrypted in 5-9 s,
+which the reply waited for): LOG_MAGIC, then records, each a 4-byte length
+and one encrypted JSON object: {"header": {version, total_added}} first, then
+{"sample": {...}} for an added sample and {"removed": [seqs]} when a learner
+pass is done. Loading replays them into a buffer of the same cap. Each record
+is appended and fsynced on its own; a record cut short by a kill is the log's
+end and is dropped. Once the log holds twice what is live (samples dropped or
+removed), save() rewrites it atomically from the live records' encrypted
+bytes, kept from when they were made: no sample is serialised or encrypted
+twice. Files of format 1 (one encrypted JSON of the whole buffer) load and
+are rewritten as a log at the next save.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..storage.persistence import CorruptStateError
-from ..storage.secure_store import KeyStore, KeyUnavailableError, load_encrypted, save_encrypted
+from ..storage import paths
+from ..storage.persistence import CorruptStateError, append_bytes, atomic_write_bytes
+from ..storage.secure_store import (
+    KeyStore,
+    KeyUnavailableError,
+    default_keystore,
+    load_encrypted,
+)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+LOG_MAGIC = b"OMDLOG1\n"
+_LENGTH = struct.Struct(">I")
+# The log is rewritten when it holds more than twice the live records and this much.
+COMPACT_FLOOR_BYTES = 1 << 20
 # Fields added after the format's first version, with what older samples get.
 OPTIONAL = {"temperature": 0.0}
 
@@ -91,6 +116,14 @@ class ReplayBuffer:
         # False after the file turned out to be encrypted with a key we do not hold:
         # it is left untouched (the key may come back), so nothing is written over it.
         self.persist = True
+        self._records: dict[int, bytes] = {}  # seq -> the live sample's saved log record
+        # What changed since the last save, in order: a Sample added or a list of seqs
+        # removed (made into records when saved, so a sample can still be amended).
+        self._pending: list[Sample | list[int]] = []
+        self._log_bytes = 0  # the log's length on disk, as written or read
+        # The next save writes the whole log: there is none yet, or it was cleared,
+        # is of format 1, or ends in a record cut short.
+        self._rewrite = True
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -103,7 +136,9 @@ class ReplayBuffer:
             raise ValueError("drafter_prompt_len is out of range")
         sample.seq = self.total_added
         self.total_added += 1
-        self._samples.append(sample)
+        self._append(sample)
+        if self.persist:
+            self._pending.append(sample)
         return sample
 
     def samples(self) -> list[Sample]:
@@ -112,35 +147,77 @@ class ReplayBuffer:
 
     def remove(self, seqs: set[int]) -> None:
         """Drop the given samples (a finished pass), keeping any added meanwhile."""
-        kept = [s for s in self._samples if s.seq not in seqs]
-        self._samples.clear()
-        self._samples.extend(kept)
+        gone = self._drop(seqs)
+        if gone and self.persist:
+            self._pending.append(gone)
 
     def clear(self) -> None:
         self._samples.clear()
+        self._records.clear()
+        self._pending.clear()
+        self._rewrite = True
+
+    def _append(self, sample: Sample) -> None:
+        if len(self._samples) == self.max_samples:  # the deque drops the oldest
+            self._records.pop(self._samples[0].seq, None)
+        self._samples.append(sample)
+
+    def _drop(self, seqs: set[int]) -> list[int]:
+        gone = [s.seq for s in self._samples if s.seq in seqs]
+        if gone:
+            kept = [s for s in self._samples if s.seq not in seqs]
+            self._samples.clear()
+            self._samples.extend(kept)
+            for seq in gone:
+                self._records.pop(seq, None)
+        return gone
 
     # ------------------------------------------------------------ persistence
     def save(self) -> None:
+        """Append what changed since the last save, or rewrite the log once it is
+        mostly samples no longer live."""
         if not self.persist:
             return
-        save_encrypted(
-            self.path,
-            {
-                "version": FORMAT_VERSION,
-                "total_added": self.total_added,
-                "samples": [asdict(s) for s in self._samples],
-            },
-            self.keys,
-        )
+        live_seqs = {s.seq for s in self._samples}
+        new = [self._pending_record(change, live_seqs) for change in self._pending]
+        self._pending.clear()
+        live = sum(map(len, self._records.values()))
+        grown = self._log_bytes + sum(map(len, new))
+        if self._rewrite or grown > 2 * live + COMPACT_FLOOR_BYTES:
+            self._write_log()
+        elif new:
+            append_bytes(self.path, b"".join(new))
+            self._log_bytes = grown
+
+    def _pending_record(self, change: Sample | list[int], live_seqs: set[int]) -> bytes:
+        if isinstance(change, list):
+            return self._record({"removed": change})
+        # Every added sample is logged, even one dropped since: replaying the log
+        # must drop the same samples at the cap as this buffer did.
+        record = self._record({"sample": asdict(change)})
+        if change.seq in live_seqs:
+            self._records[change.seq] = record
+        return record
+
+    def _write_log(self) -> None:
+        header = self._record({"header": {"version": FORMAT_VERSION, "total_added": self.total_added}})
+        data = b"".join([LOG_MAGIC, header, *(self._records[s.seq] for s in self._samples)])
+        paths.private_dir(self.path.parent)
+        atomic_write_bytes(self.path, data)
+        self._log_bytes = len(data)
+        self._rewrite = False
+
+    def _record(self, obj: dict) -> bytes:
+        plain = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        blob = (self.keys or default_keystore()).encrypt(plain)
+        return _LENGTH.pack(len(blob)) + blob
 
     @classmethod
     def load(cls, path: Path, max_samples: int = 256, keys: KeyStore | None = None) -> ReplayBuffer:
         """The saved buffer; an empty one (with `warning`) when the file is unusable."""
         buffer = cls(path, max_samples, keys)
         try:
-            raw = load_encrypted(buffer.path, None, keys)
-            if raw is not None:
-                buffer._restore(raw)
+            buffer._read()
         except KeyUnavailableError:
             buffer._reset()
             buffer.persist = False
@@ -158,6 +235,59 @@ class ReplayBuffer:
             )
         return buffer
 
+    def _read(self) -> None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        if data.startswith(LOG_MAGIC):
+            self._replay(data)
+            return
+        self._restore(load_encrypted(self.path, None, self.keys))  # format 1
+        for sample in self._samples:  # the rewrite as a log needs their records
+            self._records[sample.seq] = self._record({"sample": asdict(sample)})
+
+    def _replay(self, data: bytes) -> None:
+        keys = self.keys or default_keystore()
+        pos = len(LOG_MAGIC)
+        while pos < len(data):
+            end = pos + _LENGTH.size
+            if end <= len(data):
+                end += _LENGTH.unpack_from(data, pos)[0]
+            if end > len(data):  # the last append, cut short by a kill: the log ends before it
+                return
+            record = data[pos:end]
+            try:
+                obj = json.loads(keys.decrypt(record[_LENGTH.size :], self.path))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise CorruptStateError(self.path, f"a record is not JSON: {exc}") from exc
+            self._apply(obj, record)
+            pos = end
+        self._log_bytes = pos
+        self._rewrite = False
+
+    def _apply(self, obj: object, record: bytes) -> None:
+        """One log record into the buffer, checked."""
+        if not isinstance(obj, dict) or len(obj) != 1:
+            raise CorruptStateError(self.path, "not a replay buffer record")
+        (kind, value), = obj.items()
+        if kind == "sample":
+            sample = Sample.from_dict(value, self.path)
+            self._append(sample)
+            self._records[sample.seq] = record
+            self.total_added = max(self.total_added, sample.seq + 1)
+        elif kind == "removed":
+            if not isinstance(value, list) or not all(type(seq) is int for seq in value):
+                raise CorruptStateError(self.path, "a removal is not a list of samples")
+            self._drop(set(value))
+        elif kind == "header":
+            total = value.get("total_added") if isinstance(value, dict) else None
+            if type(total) is not int or total < 0:
+                raise CorruptStateError(self.path, "the sample counter is not a count")
+            self.total_added = max(self.total_added, total)
+        else:
+            raise CorruptStateError(self.path, f"an unknown record ({kind!r})")
+
     def _restore(self, raw: object) -> None:
         if not isinstance(raw, dict) or not isinstance(raw.get("samples"), list):
             raise CorruptStateError(self.path, "not a replay buffer")
@@ -170,5 +300,5 @@ class ReplayBuffer:
         self.total_added = max([total] + [s.seq + 1 for s in samples])
 
     def _reset(self) -> None:
-        self._samples.clear()
+        self.clear()
         self.total_added = 0

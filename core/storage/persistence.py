@@ -45,6 +45,22 @@ def _link_new(tmp: str, path: Path) -> None:
         os.replace(tmp, path)
 
 
+def append_bytes(path: Path, data: bytes, sync: bool = True, mode: int = 0o600) -> None:
+    """Append to a log file (created with `mode`). sync: fsync the data (and the
+    folder, for a new file) before returning. A crash mid-append leaves the old
+    content and a cut-short tail, which the log's reader drops."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    with os.fdopen(fd, "ab") as f:
+        created = os.fstat(fd).st_size == 0
+        f.write(data)
+        f.flush()
+        if sync:
+            os.fsync(fd)
+    if sync and created:
+        _fsync_dir(path.parent)
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8"))
 
