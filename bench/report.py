@@ -33,6 +33,33 @@ def engine_totals(outputs: list[Output]) -> dict | None:
     return total.as_dict()
 
 
+def drafting_figures(engine: dict | None, turns: int) -> dict | None:
+    """What learning should move (issue 13 item 4), from an omnidraft method's
+    engine totals: acceptance overall and per source (the drafter's own
+    proposals, prompt lookup's, and the drafter's n-gram-merged ones among
+    them), target-space tokens proposed per verification step, and the stop
+    rule's calibration: its mean predicted chance against the observed rate
+    over the drafter proposals it was judged on."""
+    if not engine or engine["method"] != "omnidraft":
+        return None
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    e = engine
+    verify_steps = e["steps"] - turns  # each turn's first target forward reads the prompt
+    return {
+        "acceptance": ratio(e["accepted"], e["proposed"]),
+        "acceptance_drafter": ratio(e["accepted"] - e["lookup_accepted"], e["proposed"] - e["lookup_proposed"]),
+        "acceptance_lookup": ratio(e["lookup_accepted"], e["lookup_proposed"]),
+        "acceptance_ngram": ratio(e["ngram_accepted"], e["ngram_proposed"]),
+        "drafted_tokens_per_step": ratio(e["proposed"], verify_steps),
+        "calibration_predicted": ratio(e["chance_sum"], e["chance_checked"]),
+        "calibration_observed": ratio(e["chance_accepted"], e["chance_checked"]),
+        "calibration_proposals": e["chance_checked"],
+    }
+
+
 def identical_share(a: list[Output], b: list[Output]) -> float:
     return sum(x.token_ids == y.token_ids for x, y in zip(a, b)) / len(a)
 
@@ -66,6 +93,7 @@ def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
             identical_share(m.outputs, base.outputs) if greedy and base and m is not base else None
         ),
         "per_prompt_seconds": [o.seconds for o in m.outputs],
+        "drafting": drafting_figures(engine, len(m.outputs)),
         "engine": engine,
         "ms_per_step": ms_per_step(seconds, forwards if m.forwards_reliable else 0, engine),
     }

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from omnidraft.bench import cli, runners
-from omnidraft.bench.report import engine_totals, first_difference
+from omnidraft.bench.report import drafting_figures, engine_totals, first_difference
 from omnidraft.core.decoding.plain import Cancel, _never
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
@@ -220,6 +220,23 @@ def test_engine_totals_add_up_turns():
     assert total["new_tokens"] == 6 and total["proposed"] == 8 and total["acceptance_rate"] == 0.5
 
 
+def test_drafting_figures_split_acceptance_by_source_and_compare_predicted_with_observed():
+    a = TurnStats(method="omnidraft", new_tokens=12, steps=5, proposed=10, accepted=6,
+                  lookup_steps=1, lookup_proposed=4, lookup_accepted=1, ngram_proposed=2, ngram_accepted=2)
+    a.add_drafted([0.9, 0.5, 0.4], [False, False, False], 1)  # judged: the first two (the 2nd rejected)
+    b = TurnStats(method="omnidraft", new_tokens=3, steps=2, proposed=2, accepted=2)
+    b.add_drafted([0.8, 0.6], [False, False], 2)
+    outs = [runners.Output([1], 1.0, 1, a), runners.Output([1], 1.0, 1, b)]
+    got = drafting_figures(engine_totals(outs), len(outs))
+    assert got["acceptance"] == 8 / 12 and got["acceptance_lookup"] == 1 / 4
+    assert got["acceptance_drafter"] == 7 / 8 and got["acceptance_ngram"] == 1.0
+    assert got["drafted_tokens_per_step"] == 12 / 5  # 7 forwards, 2 of them the prompts'
+    assert got["calibration_proposals"] == 4
+    assert got["calibration_predicted"] == pytest.approx((0.9 + 0.5 + 0.8 + 0.6) / 4)
+    assert got["calibration_observed"] == 3 / 4
+    assert drafting_figures(engine_totals([runners.Output([1], 1.0, 1, TurnStats(method="target"))]), 1) is None
+
+
 def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_path, smol_tok, gemma_tok):
     """--adapt: before/after in one run, the learner ran, and evaluation taught
     the engine nothing (the replay buffer only ever saw training prompts)."""
@@ -245,3 +262,7 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
     assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
     assert adapt["after"]["target"]["speedup"] == 1.0
+    for when in ("before", "after"):  # what learning should move, both times
+        drafting = adapt[when]["omnidraft"]["drafting"]
+        assert drafting["calibration_proposals"] > 0 and 0 <= drafting["calibration_predicted"] <= 1
+        assert drafting["acceptance"] == adapt[when]["omnidraft"]["acceptance_rate"]
