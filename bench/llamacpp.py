@@ -104,10 +104,12 @@ def runner(gguf: Path, tokenizer, stops: set[int], chat: bool, threads: int):
             raise NotImplementedError("the llamacpp method decodes greedily only")
         out: list[int] = []
         for token in llm.generate(prompt_ids(tokenizer, prompt, chat), top_k=1, temp=0.0, reset=True):
-            if token in stops or len(out) == cfg.max_new_tokens:
+            if token in stops:
                 break
             out.append(int(token))
             calls[0] += 1
+            if len(out) == cfg.max_new_tokens:
+                break  # now, not after the generator evaluates one more token
         return out, None
 
     return run, calls  # calls: one per token sampled, as plain decoding counts
@@ -124,15 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         help="builds to try, in order (default: native,avx512,avx2)",
     )
     args = p.parse_args(argv)
+    info = build_info()
     if args.install:
-        if build_info() and build_file().exists():
-            print(f"llama.cpp already installed: {json.dumps(build_info())}")
+        if info and build_file().exists():
+            print(f"llama.cpp already installed: {json.dumps(info)}")
             return 0
         from omnidraft.core.models.bundled_models import smollm2_gguf
 
         install([b.strip() for b in args.builds.split(",") if b.strip()], smollm2_gguf())
         return 0
-    print(json.dumps(build_info(), indent=1) if build_info() else INSTALL_HINT)
+    print(json.dumps(info, indent=1) if info else INSTALL_HINT)
     return 0
 
 
