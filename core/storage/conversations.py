@@ -8,6 +8,7 @@ it never hides the other conversations and nothing the user wrote is deleted.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import time
@@ -175,6 +176,23 @@ class ConversationStore:
         )
         self._convs[conv.id] = conv
         self.save(conv.id)
+        return conv
+
+    def add(
+        self, title: str, messages: list[dict], system_prompt: str = "", model_id: str | None = None,
+        created: float | None = None,
+    ) -> Conversation:
+        """A new conversation holding messages from elsewhere (an imported file): a
+        new id, so it never replaces one the user has; newest, so it is listed first."""
+        now = self._now()
+        conv = Conversation(uuid.uuid4().hex, title.strip()[:200] or DEFAULT_TITLE, created or now, now,
+                            copy.deepcopy(messages), model_id, system_prompt)
+        self._convs[conv.id] = conv
+        try:
+            self.save(conv.id)
+        except BaseException:
+            del self._convs[conv.id]  # not saved: not listed either
+            raise
         return conv
 
     def rename(self, conv_id: str, title: str) -> Conversation:
