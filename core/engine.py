@@ -16,23 +16,23 @@ import torch
 
 from .decoding.adaptive_drafting import DraftPolicy
 from .decoding.drafter import Drafter, DraftSettings
-from .decoding.plain import Cancel, _never, generate_plain
+from .decoding.plain import generate_plain
 from .decoding.sampling import GenerationConfig
-from .decoding.speculative import SpecOptions, _text, generate_speculative
+from .decoding.speculative import SpecOptions, generate_speculative
 from .decoding.vocab_bridge import NgramCache, VocabBridge
 from .events import TokenChunk, TurnFinished
 from .learning.acceptance_head import AcceptanceHead
 from .learning.adapters import AdapterStore
-from .learning.learner import Learner
+from .learning.learner import Learner, LearningStatus
 from .learning.replay_buffer import ReplayBuffer, Sample
 from .models.catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
 from .models.chat_format import encode_chat, stop_token_ids
 from .models.loader import LoadedModel, Progress, load, no_progress
 from .models.model_info import ModelInfo, describe
+from .stopping import ShouldStop, never
 from .storage import paths
 from .storage.persistence import CorruptStateError
 from .storage.secure_store import KeyUnavailableError
-from .worker.protocol import LearningProgress
 
 MAX_MESSAGE_CHARS = 200_000
 BASELINE_PROMPT = "Here is a short story about a lighthouse keeper and the sea.\n\n"
@@ -102,10 +102,10 @@ class Engine:
         # OMNIDRAFT_DRAFTER picks another drafter (a catalog id or a Llama model path).
         self.drafter_id = drafter_id or os.environ.get("OMNIDRAFT_DRAFTER") or SMOLLM2_ID
         self.draft_settings = draft_settings or DraftSettings()
-        self.spec_options = SpecOptions(k=self.draft_settings.k)
+        self.spec_options = SpecOptions()
         self.target: LoadedModel | None = None
-        self.drafter: LoadedModel | None = None  # the drafter model as loaded
-        self._drafter: Drafter | None = None  # its lean drafting runtime
+        self.drafter_model: LoadedModel | None = None  # the drafter model as loaded (learning trains it)
+        self.drafter: Drafter | None = None  # its lean runtime, which drafts
         self.bridge: VocabBridge | None = None
         self.draft_policy = DraftPolicy()  # the current target's (adaptive drafting)
         self.learn_settings = learn_settings or LearnSettings()
@@ -136,7 +136,7 @@ class Engine:
     # ------------------------------------------------------------------ models
     @property
     def drafter_description(self) -> str | None:
-        return self._drafter.description if self._drafter else None
+        return self.drafter.description if self.drafter else None
 
     def load_target(
         self, id_or_path: str, progress: Progress = no_progress, measure_baseline: bool = True
@@ -169,29 +169,29 @@ class Engine:
         return entry
 
     def _ensure_drafter(self, progress: Progress) -> None:
-        if self._drafter is not None:
+        if self.drafter is not None:
             return
         progress("Loading the drafter", 0.97)
         entry = self.catalog.get(self.drafter_id)
         # The drafter always runs bf16 with int8 weights (its lean path), whatever
         # the target's dtype: its numbers never mix with the target's.
-        self.drafter = load(entry, torch.bfloat16)
-        if self.drafter.model.config.model_type != "llama":
+        self.drafter_model = load(entry, torch.bfloat16)
+        if self.drafter_model.model.config.model_type != "llama":
             raise ModelError("the drafter must be a Llama-architecture model")
-        self._drafter = Drafter(self.drafter, self.draft_settings)
+        self.drafter = Drafter(self.drafter_model, self.draft_settings)
         root = paths.data_dir() / "adapters" / entry.id
-        self.adapters = AdapterStore(root, self.drafter.model, rank=self.learn_settings.rank)
+        self.adapters = AdapterStore(root, self.drafter_model.model, rank=self.learn_settings.rank)
 
     def _bridge_for(self, entry: ModelEntry, tokenizer) -> VocabBridge:
         key = (entry.id, str(entry.path))
-        bridge = self._bridges.pop(key, None) or VocabBridge(self.drafter.tokenizer, tokenizer)
+        bridge = self._bridges.pop(key, None) or VocabBridge(self.drafter_model.tokenizer, tokenizer)
         self._bridges[key] = bridge
         while len(self._bridges) > MAX_CACHED_BRIDGES:
             self._bridges.popitem(last=False)
         return bridge
 
     def state_dir(self, target_id: str):
-        drafter = self.drafter.entry.id if self.drafter else self.drafter_id
+        drafter = self.drafter_model.entry.id if self.drafter_model else self.drafter_id
         return paths.data_dir() / "state" / f"{drafter}--{target_id}"
 
     def _load_state(self, target_id: str, name: str, legacy: str, kind, what: str):
@@ -224,16 +224,16 @@ class Engine:
         if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
             progress("Loading what the drafter learned for this model", 0.98)
             weights = self.adapters.merged_state(target_id)
-        self._drafter.head = self._head(target_id)
+        self.drafter.head = self._head(target_id)
         self._take_adapter_warnings()
-        self._drafter.load_weights(weights)
+        self.drafter.load_weights(weights)
         self._drafter_stale = False
 
     def _head(self, target_id: str) -> AcceptanceHead:
         """This target's acceptance head: the one learning in this session, else the
         one saved with its adapter, else a fresh one (which drafts as if none)."""
         if target_id not in self._heads:
-            width = self.drafter.model.config.hidden_size
+            width = self.drafter_model.model.config.hidden_size
             state = self.adapters.head_state(target_id)
             head = AcceptanceHead(width)
             if state is not None:
@@ -312,8 +312,8 @@ class Engine:
         """What the loaded target is and how the drafter's vocabulary maps onto it."""
         if self.target is None:
             raise InputError("No model is loaded yet.")
-        drafting = self.drafter is not None and self.bridge is not None
-        return describe(self.target, self.context_limit(), self.drafter if drafting else None, self.bridge)
+        drafting = self.drafter_model is not None and self.bridge is not None
+        return describe(self.target, self.context_limit(), self.drafter_model if drafting else None, self.bridge)
 
     def context_window(self) -> int:
         """The most tokens (conversation and reply) the target reads here: its own
@@ -334,48 +334,48 @@ class Engine:
 
     # ------------------------------------------------------------------ decoding
     def chat(
-        self, messages: list[dict], cfg: GenerationConfig, cancel: Cancel = _never,
+        self, messages: list[dict], cfg: GenerationConfig, should_stop: ShouldStop = never,
         speculative: bool = True,
     ) -> Iterator[TokenChunk | TurnFinished]:
         encoded = self.encode(messages)
         prefix = None
-        if speculative and self._drafter is not None:
+        if speculative and self.drafter is not None:
             # The drafter reads what the target reads (the same kept messages), in
             # its own chat format.
-            prefix = encode_chat(self.drafter.tokenizer, encoded.messages, "template")
-        yield from self._run(encoded.ids, prefix, cfg, cancel, speculative, encoded.omitted)
+            prefix = encode_chat(self.drafter_model.tokenizer, encoded.messages, "template")
+        yield from self._run(encoded.ids, prefix, cfg, should_stop, speculative, encoded.omitted)
 
     def complete(
-        self, prompt: str, cfg: GenerationConfig, cancel: Cancel = _never, speculative: bool = False
+        self, prompt: str, cfg: GenerationConfig, should_stop: ShouldStop = never, speculative: bool = False
     ) -> Iterator[TokenChunk | TurnFinished]:
         """Raw completion of a text prompt (the benchmark's prompts)."""
         if self.target is None:
             raise InputError("No model is loaded yet.")
         ids = self.target.tokenizer(prompt, split_special_tokens=True)["input_ids"]
         prefix = None
-        if speculative and self._drafter is not None:
-            prefix = self.drafter.tokenizer(prompt, split_special_tokens=True)["input_ids"]
-        yield from self._run(ids, prefix, cfg, cancel, speculative)
+        if speculative and self.drafter is not None:
+            prefix = self.drafter_model.tokenizer(prompt, split_special_tokens=True)["input_ids"]
+        yield from self._run(ids, prefix, cfg, should_stop, speculative)
 
     def _run(
-        self, ids: list[int], drafter_prefix: list[int] | None, cfg: GenerationConfig, cancel: Cancel,
+        self, ids: list[int], drafter_prefix: list[int] | None, cfg: GenerationConfig, should_stop: ShouldStop,
         speculative: bool, omitted: int = 0,
     ) -> Iterator[TokenChunk | TurnFinished]:
         if self.target is None:
             raise InputError("No model is loaded yet.")
         t = self.target
         stops = stop_token_ids(t.tokenizer, t.model)
-        if speculative and self._drafter is not None and self.bridge is not None:
+        if speculative and self.drafter is not None and self.bridge is not None:
             if self.bridge.same_vocab:
                 drafter_prefix = ids
             # Its tokenizer may need more tokens than the target's for the same text.
-            drafter_prefix = self._drafter.fit_prefix(drafter_prefix, cfg.max_new_tokens + self.spec_options.k)
+            drafter_prefix = self.drafter.fit_prefix(drafter_prefix, cfg.max_new_tokens + self.draft_settings.k)
             events = generate_speculative(
-                t.model, t.tokenizer, self._drafter, self.bridge, ids, drafter_prefix,
-                cfg, stops, self.spec_options, cancel, self.draft_policy, learn_policy=not self.evaluating,
+                t.model, t.tokenizer, self.drafter, self.bridge, ids, drafter_prefix,
+                cfg, stops, self.spec_options, should_stop, self.draft_policy, learn_policy=not self.evaluating,
             )
         else:
-            events = generate_plain(t.model, t.tokenizer, ids, cfg, stops, cancel)
+            events = generate_plain(t.model, t.tokenizer, ids, cfg, stops, should_stop)
         saved = OrderedDict(self.bridge.cache.entries) if self.evaluating and self.bridge else None
         try:
             for event in events:
@@ -410,8 +410,8 @@ class Engine:
         if self.bridge.same_vocab:
             drafter_reply = list(reply)
         else:
-            text = _text(self.bridge.direct.target_bytes, reply)
-            drafter_reply = self.drafter.tokenizer(text, add_special_tokens=False)["input_ids"]
+            text = self.bridge.target_text(reply)
+            drafter_reply = self.drafter_model.tokenizer(text, add_special_tokens=False)["input_ids"]
         return Sample(
             target_ids=list(ids) + list(reply), target_prompt_len=len(ids),
             drafter_ids=list(drafter_prefix) + drafter_reply, drafter_prompt_len=len(drafter_prefix),
@@ -425,7 +425,7 @@ class Engine:
         if target_id not in self._learners:
             ls = self.learn_settings
             self._learners[target_id] = Learner(
-                self.drafter.model, self.target.model, self.bridge, self.buffer, self.adapters,
+                self.drafter_model.model, self.target.model, self.bridge, self.buffer, self.adapters,
                 target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
                 lam=ls.lam, threads=ls.threads, passes=ls.passes, head=self._head(target_id),
             )
@@ -438,34 +438,34 @@ class Engine:
         return bool(self.learn_settings.enabled and self.buffer is not None
                     and (len(self.buffer) or self._drafter_stale))
 
-    def _refresh_drafter(self, should_stop: Cancel) -> bool:
+    def _refresh_drafter(self, should_stop: ShouldStop) -> bool:
         """Merge the current target's adapter into the drafting weights (~1 s on
         one core), giving way to a request between layers: the reply then drafts
         with the previous weights and the next idle step finishes the refresh."""
         weights = self.adapters.merged_state(self.target.entry.id, should_stop)
-        if weights is None or not self._drafter.load_weights(weights, should_stop):
+        if weights is None or not self.drafter.load_weights(weights, should_stop):
             return False
         self._drafter_stale = False
         return True
 
-    def idle_step(self, should_stop: Cancel = _never) -> LearningProgress | None:
+    def idle_step(self, should_stop: ShouldStop = never) -> LearningStatus | None:
         """One batch of online distillation for the current target; returns at the
         next layer boundary once should_stop() says a request is waiting."""
-        if self.target is None or self._drafter is None or not self.has_learning_work():
+        if self.target is None or self.drafter is None or not self.has_learning_work():
             return None
         target_id = self.target.entry.id
         learner = self._learner()
         if self._drafter_stale and not self._refresh_drafter(should_stop):
-            return LearningProgress(target_id, "waiting", learner.steps, learner.samples, buffered=len(self.buffer))
+            return LearningStatus(target_id, "waiting", learner.steps, learner.samples, buffered=len(self.buffer))
         out = learner.step(should_stop) if len(self.buffer) else None
         if out is None:  # nothing (left) to train on
-            return LearningProgress(target_id, "idle", learner.steps, learner.samples, buffered=len(self.buffer))
+            return LearningStatus(target_id, "idle", learner.steps, learner.samples, buffered=len(self.buffer))
         if out["interrupted"]:
-            return LearningProgress(target_id, "waiting", out["steps"], out["samples"], buffered=out["buffered"])
+            return LearningStatus(target_id, "waiting", out["steps"], out["samples"], buffered=out["buffered"])
         if out["pass_done"]:  # what was learned starts drafting now
             self._drafter_stale = True
             self._refresh_drafter(should_stop)
-        return LearningProgress(
+        return LearningStatus(
             target_id, "running", out["steps"], out["samples"], out.get("loss"),
             out.get("acceptance_estimate"), out["buffered"],
         )
@@ -474,15 +474,15 @@ class Engine:
         old = self.baseline_tokens_per_s
         self.baseline_tokens_per_s = tokens_per_s if old is None else 0.7 * old + 0.3 * tokens_per_s
 
-    def measure_baseline(self, cancel: Cancel = _never) -> float | None:
+    def measure_baseline(self, should_stop: ShouldStop = never) -> float | None:
         """Time the target's plain decoding here (the reference for speedups)."""
         # Untimed first: a freshly loaded model's first forwards fault its weights in
         # from the mapped file (a 1.5B model measured 1.07 tokens/s cold against 3.5
         # warm). Under 8 tokens, _after_turn leaves this turn out of the baseline.
-        for _ in self.complete(BASELINE_PROMPT, GenerationConfig(max_new_tokens=4), cancel):
+        for _ in self.complete(BASELINE_PROMPT, GenerationConfig(max_new_tokens=4), should_stop):
             pass
         cfg = GenerationConfig(max_new_tokens=BASELINE_TOKENS)
-        for _ in self.complete(BASELINE_PROMPT, cfg, cancel):
+        for _ in self.complete(BASELINE_PROMPT, cfg, should_stop):
             pass  # _after_turn folds the finished turn into the baseline
         return self.baseline_tokens_per_s
 
@@ -499,22 +499,34 @@ class Engine:
             self.bridge.cache = NgramCache(self.bridge.cache.max_entries)
             self.draft_policy = DraftPolicy()
             self.buffer.clear()
-            self._drafter.load_weights(None)
-            self._drafter.head = self._head(model_id)
+            self.drafter.load_weights(None)
+            self.drafter.head = self._head(model_id)
             self._drafter_stale = False
 
     # ------------------------------------------------------------------ settings
     def apply_settings(self, settings) -> None:
         """Settings from the GUI (core.settings.Settings)."""
-        k = int(getattr(settings, "draft_length", self.spec_options.k))
-        self.spec_options.k = k
-        self.draft_settings.k = k
+        self.draft_settings.k = int(getattr(settings, "draft_length", self.draft_settings.k))
         self.draft_settings.gamma = getattr(settings, "adaptive_gamma", None)
         threads = int(getattr(settings, "learner_threads", self.learn_settings.threads))
         self.learn_settings.threads = threads
         self.context_tokens = int(getattr(settings, "context_tokens", 0))
         for learner in self._learners.values():
             learner.threads = threads
+
+    def use_draft_settings(self, settings: DraftSettings) -> None:
+        """Draft with other settings from now on (layers, int8 weights, k, stop rules;
+        scripts/drafter_sweep.py tries candidates so): the drafting runtime is rebuilt
+        with them and gets what was learned for the current target."""
+        self.draft_settings = settings
+        if self.drafter_model is None:
+            return
+        self.drafter = Drafter(self.drafter_model, settings)
+        if self.target is not None:
+            target_id = self.target.entry.id
+            self.drafter.head = self._head(target_id)
+            if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
+                self.drafter.load_weights(self.adapters.merged_state(target_id))
 
 
 __all__ = ["EncodedChat", "Engine", "GenerationConfig", "InputError", "ModelError"]

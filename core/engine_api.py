@@ -16,20 +16,20 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .decoding.plain import Cancel
     from .decoding.sampling import GenerationConfig
     from .events import TokenChunk, TurnFinished
+    from .learning.learner import LearningStatus
     from .models.catalog import ModelCatalog, ModelEntry
     from .models.loader import LoadedModel, Progress
     from .models.model_info import ModelInfo
+    from .stopping import ShouldStop
     from .storage.settings import Settings
-    from .worker.protocol import LearningProgress
 
 
 class EngineAPI(Protocol):
     catalog: ModelCatalog
     target: LoadedModel | None  # None until a target loaded
-    drafter: LoadedModel | None  # None while drafting is off
+    drafter_model: LoadedModel | None  # the drafter model as loaded; None while drafting is off
     # The target's plain-decoding speed measured here (tokens/s), None until measured.
     baseline_tokens_per_s: float | None
     warnings: list[str]  # why drafting is off, for people
@@ -43,19 +43,19 @@ class EngineAPI(Protocol):
         ...
 
     def chat(
-        self, messages: list[dict], cfg: GenerationConfig, cancel: Cancel = ...,
+        self, messages: list[dict], cfg: GenerationConfig, should_stop: ShouldStop = ...,
         speculative: bool = True,
     ) -> Iterator[TokenChunk | TurnFinished]:
-        """A reply to a conversation; checks cancel() between decoding steps."""
+        """A reply to a conversation; checks should_stop() between decoding steps."""
         ...
 
     def complete(
-        self, prompt: str, cfg: GenerationConfig, cancel: Cancel = ..., speculative: bool = False
+        self, prompt: str, cfg: GenerationConfig, should_stop: ShouldStop = ..., speculative: bool = False
     ) -> Iterator[TokenChunk | TurnFinished]:
         """A raw completion of a text prompt (the benchmark's prompts)."""
         ...
 
-    def idle_step(self, should_stop: Cancel = ...) -> LearningProgress | None:
+    def idle_step(self, should_stop: ShouldStop = ...) -> LearningStatus | None:
         """One short unit of learning, returning early once should_stop() is true;
         None, or a state other than "running", when there is nothing (left) to do."""
         ...

@@ -111,11 +111,10 @@ def main() -> None:
     rows = []
     for layers, int8, k, lookup, min_conf in CANDIDATES:
         settings = DraftSettings(k=k, num_layers=layers, int8=int8, min_confidence=min_conf)
-        engine._drafter = Drafter(engine.drafter, settings)
-        engine.spec_options.k = k
+        engine.use_draft_settings(settings)
         engine.spec_options.prompt_lookup = lookup
         engine.bridge.cache.entries.clear()  # every candidate starts with an empty n-gram cache
-        c = drafter_step_ms(engine._drafter) / target_step_ms(engine)
+        c = drafter_step_ms(engine.drafter) / target_step_ms(engine)
         plain_tps, spec_tps, acc, tps, same = run(engine, prompts, cfg)
         row = {"layers": layers, "int8": int8, "k": k, "prompt_lookup": lookup, "min_confidence": min_conf, "c": round(c, 3),
                    "acceptance": acc and round(acc, 3), "tokens_per_step": round(tps, 2),

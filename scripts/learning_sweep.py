@@ -55,7 +55,7 @@ def serve(
                 if isinstance(event, TurnFinished):
                     done = event
         ids = engine.target.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
-        prefix = engine.drafter.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
+        prefix = engine.drafter_model.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
         samples.append(replace(engine.sample_of(ids, prefix, done), seq=n))
         print(f"served {n + 1}/{len(prompts)}", file=sys.stderr, flush=True)
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def main() -> int:
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine.adapters.reset(args.target)
             buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
-            learner = Learner(engine.drafter.model, engine.target.model, engine.bridge, buffer,
+            learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, buffer,
                               engine.adapters, args.target, lr=lr, threads=args.threads)
             row = {"lr": lr, "passes": [evaluate(learner, dev)]}
             print(f"lr {lr:g} pass 0: {row['passes'][-1]}", file=sys.stderr, flush=True)

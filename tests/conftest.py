@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiny import TEST_CACHE
+
 ROOT = Path(__file__).resolve().parent.parent
-TEST_CACHE = Path(os.environ.get("OMNIDRAFT_TEST_CACHE", ROOT / ".test-cache"))
 SHARED_EVAL = ROOT.parent / "shared" / "eval"
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from omnidraft.bench import cli, runners
 from omnidraft.bench.report import drafting_figures, engine_totals, first_difference
-from omnidraft.core.decoding.plain import Cancel, _never
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.stopping import ShouldStop, never
 
 from tests.tiny import tiny_llama
 
@@ -101,7 +101,7 @@ def test_chat_prompts_go_through_the_chat_template(tiny_target, prompts_file, tm
 
 def test_omnidraft_refuses_the_engines_plain_fallback(home):
     class PlainOnly(Engine):  # an engine whose drafter failed to load decodes plainly
-        def complete(self, prompt, cfg, cancel: Cancel = _never, speculative: bool = False):
+        def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):
             yield TurnFinished("x", "length", TurnStats(method="target", new_tokens=1), [5])
 
     engine = PlainOnly()
@@ -174,7 +174,7 @@ def test_uag_gets_a_private_copy_of_the_engines_drafter(home):
     engine = Engine()
     model = tiny_llama(64)
     engine.target = LoadedModel(ModelEntry("t", "T", ""), model, None, 0.0)
-    engine.drafter = LoadedModel(ModelEntry("d", "D", ""), model, None, 0.0)
+    engine.drafter_model = LoadedModel(ModelEntry("d", "D", ""), model, None, 0.0)
     assert runners.shares_embeddings(engine)  # self-drafting: forward counts are not the target's
     copy = runners.uag_drafter(engine, None, None)
     assert copy.entry.name == "D" and copy.model is not model

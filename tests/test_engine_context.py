@@ -25,7 +25,7 @@ def engine(tmp_path_factory, gemma_tok) -> Engine:
     engine = tiny_engine(folder, tiny_gemma3(len(gemma_tok), seed=3), gemma_tok)
     # Every step asks the drafter (a prompt lookup could otherwise spare it the prompt).
     engine.spec_options.prompt_lookup = False
-    assert engine._drafter is not None and not engine.bridge.same_vocab
+    assert engine.drafter is not None and not engine.bridge.same_vocab
     return engine
 
 
@@ -41,7 +41,7 @@ def conversation(turns: int, words: int = 150, system: bool = False, last: str =
 def drafter_reads(engine: Engine, monkeypatch) -> list[list[int]]:
     """Records every prefix the drafter starts reading."""
     seen: list[list[int]] = []
-    drafter = engine._drafter
+    drafter = engine.drafter
     start = drafter.start
 
     def recording(prefix_ids: list[int]) -> None:
@@ -62,8 +62,8 @@ def reply(engine: Engine, messages: list[dict], max_new_tokens: int = 16, specul
 
 def small_drafter(engine: Engine, monkeypatch, max_len: int, **settings) -> Drafter:
     """The engine's drafter with a small context, so overflowing it is cheap."""
-    drafter = Drafter(engine.drafter, DraftSettings(**settings), max_len=max_len)
-    monkeypatch.setattr(engine, "_drafter", drafter)
+    drafter = Drafter(engine.drafter_model, DraftSettings(**settings), max_len=max_len)
+    monkeypatch.setattr(engine, "drafter", drafter)
     return drafter
 
 
@@ -81,7 +81,7 @@ def test_the_drafter_reads_the_same_trimmed_messages_as_the_target(engine, monke
     done = reply(engine, messages)
     assert done.stats.method == "omnidraft" and done.stats.new_tokens == 16
     assert done.omitted_messages == encoded.omitted
-    assert seen[0] == encode_chat(engine.drafter.tokenizer, encoded.messages, "template")
+    assert seen[0] == encode_chat(engine.drafter_model.tokenizer, encoded.messages, "template")
 
 
 def test_the_system_message_is_kept_when_old_turns_are_dropped(engine, monkeypatch):
@@ -99,7 +99,7 @@ def test_the_system_message_is_kept_when_old_turns_are_dropped(engine, monkeypat
 
     seen = drafter_reads(engine, monkeypatch)
     reply(engine, messages)
-    assert seen[0] == encode_chat(engine.drafter.tokenizer, encoded.messages, "template")
+    assert seen[0] == encode_chat(engine.drafter_model.tokenizer, encoded.messages, "template")
 
 
 def test_the_context_length_setting_is_bounded_by_the_models(engine):
@@ -153,7 +153,7 @@ def test_the_last_message_too_long_is_still_refused(engine):
 def test_a_conversation_longer_than_the_drafters_context_still_drafts(engine, monkeypatch):
     drafter = small_drafter(engine, monkeypatch, max_len=128)
     messages = conversation(turns=2, words=60)
-    full = encode_chat(engine.drafter.tokenizer, messages, "template")
+    full = encode_chat(engine.drafter_model.tokenizer, messages, "template")
     assert len(full) > drafter.max_len  # though the target reads it all:
     assert len(encode_chat(engine.target.tokenizer, messages, engine.target.entry.chat_format)) <= engine.context_limit()
     seen = drafter_reads(engine, monkeypatch)
@@ -174,7 +174,7 @@ def test_a_reply_that_fills_the_drafters_context_goes_on_without_drafts(engine, 
 
 
 def test_drafting_stops_at_a_full_context_instead_of_failing(engine):
-    drafter = Drafter(engine.drafter, DraftSettings(k=4, min_confidence=0.0), max_len=16)
+    drafter = Drafter(engine.drafter_model, DraftSettings(k=4, min_confidence=0.0), max_len=16)
     cfg = GenerationConfig()
     drafter.start(list(range(1000, 1014)))  # two positions left
     assert 1 <= len(drafter.draft(cfg, None).ids) <= 3

@@ -40,7 +40,7 @@ def _engine(home_dir, target_dir):
 
 def _reply(engine, prompt, speculative):
     events = engine.complete(prompt, GenerationConfig(max_new_tokens=12), speculative=speculative)
-    return [e for e in events if isinstance(e, TurnFinished)][0]
+    return next(e for e in events if isinstance(e, TurnFinished))
 
 
 def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
@@ -50,7 +50,7 @@ def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
         _reply(engine, p, speculative=True)
     assert len(engine.buffer) == len(PROMPTS)
     assert (engine.state_dir(target_id) / "replay.bin").exists()
-    before = engine._drafter.net.layers[0][1].clone()
+    before = engine.drafter.net.layers[0][1].clone()
 
     progress = []
     while (p := engine.idle_step()) is not None and p.state == "running":
@@ -61,7 +61,7 @@ def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
     assert len(engine.buffer) == 0  # its passes done, the buffer is cleared
     assert engine.adapters.has_saved(target_id)
     # The learned adapter now drafts: the lean drafter's weights changed.
-    assert not torch.equal(engine._drafter.net.layers[0][1], before)
+    assert not torch.equal(engine.drafter.net.layers[0][1], before)
 
     # Learning changes speed, never answers.
     for p in PROMPTS:
@@ -75,18 +75,18 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
         _reply(engine, p, speculative=True)
     while (p := engine.idle_step()) is not None and p.state == "running":
         pass
-    learned = engine._drafter.net.layers[0][1].clone()
+    learned = engine.drafter.net.layers[0][1].clone()
     cache_entries = dict(engine.bridge.cache.entries)
     sources = engine.draft_policy.summary()
     assert sources  # every speculative step was measured for adaptive drafting
     engine._save_state()
 
-    head = engine._drafter.head.state()
+    head = engine.drafter.head.state()
     assert head["labels_seen"] > 0  # the acceptance head learned from the same turns
 
     again = _engine(home, target_dir)
-    assert torch.equal(again._drafter.net.layers[0][1], learned)
-    assert all(torch.equal(a, b) for a, b in zip(again._drafter.head.state().values(), head.values()))
+    assert torch.equal(again.drafter.net.layers[0][1], learned)
+    assert all(torch.equal(a, b) for a, b in zip(again.drafter.head.state().values(), head.values()))
     assert dict(again.bridge.cache.entries) == cache_entries
     assert again.draft_policy.summary() == sources
 
@@ -94,8 +94,8 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
     assert not again.adapters.has_saved(target_id)
     assert len(again.buffer) == 0 and len(again.bridge.cache) == 0 and not again.draft_policy.stats
     assert not again.state_dir(target_id).exists()
-    assert not torch.equal(again._drafter.net.layers[0][1], learned)
-    assert again._drafter.head.labels_seen == 0
+    assert not torch.equal(again.drafter.net.layers[0][1], learned)
+    assert again.drafter.head.labels_seen == 0
 
 
 def test_a_waiting_request_interrupts_learning(home, target_dir):
@@ -113,16 +113,16 @@ def test_a_request_during_the_drafter_refresh_does_not_wait_for_it(home, target_
     engine = _engine(home, target_dir)
     for p in PROMPTS:
         _reply(engine, p, speculative=True)
-    before = engine._drafter.net.layers[0][1].clone()
+    before = engine.drafter.net.layers[0][1].clone()
     request_at_refresh = lambda: engine._drafter_stale
     while not engine._drafter_stale:
         assert engine.idle_step(should_stop=request_at_refresh).state == "running"
-    assert torch.equal(engine._drafter.net.layers[0][1], before)  # still the old weights
+    assert torch.equal(engine.drafter.net.layers[0][1], before)  # still the old weights
     reply = _reply(engine, PROMPTS[0], speculative=True)  # served meanwhile, with them
     assert reply.stats.new_tokens > 0
     p = engine.idle_step()
     assert p.state == "running" and not engine._drafter_stale
-    assert not torch.equal(engine._drafter.net.layers[0][1], before)
+    assert not torch.equal(engine.drafter.net.layers[0][1], before)
 
 
 def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, tmp_path, gemma_tok):

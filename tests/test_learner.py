@@ -88,7 +88,7 @@ def test_one_pass_then_clear_and_save(parts, smol_tok, gemma_tok):
 
 
 def test_replay_passes_keep_a_turn_for_more_passes(parts):
-    make, buffer, store, samples = parts
+    make, buffer, _store, samples = parts
     learner = make(batch_size=2, passes=2)
     _fill(buffer, samples[:2])
     first = learner.step()

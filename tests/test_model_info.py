@@ -66,7 +66,7 @@ def test_target_info_and_its_relation_to_the_drafter(engine, qwen_tok, smol_tok)
     assert info.quantization == "float32 (not quantized)" and info.runs_as == "float32"
     assert info.context_length == 2048 and info.context_used == engine.context_limit() < 2048
     assert info.tokenizer_size == len(qwen_tok)
-    assert info.drafter == engine.drafter.entry.name
+    assert info.drafter == engine.drafter_model.entry.name
     assert info.drafter_vocab == len(smol_tok) and not info.same_vocabulary
     # Counted independently: drafter tokens whose bytes some Qwen token has too.
     qwen_spellings = {b for b in token_bytes(qwen_tok) if b}

@@ -102,7 +102,7 @@ def test_speculative_sampling_matches_the_target_distribution(smol_tok):
     n = 400
     for seed in range(n):
         cfg.seed = seed
-        done = list(generate_speculative(target, smol_tok, drafter, bridge, ids, ids, cfg, set(), SpecOptions(k=2, prompt_lookup=False)))[-1]
+        done = list(generate_speculative(target, smol_tok, drafter, bridge, ids, ids, cfg, set(), SpecOptions(prompt_lookup=False)))[-1]
         if done.token_ids[0] in counts:
             counts[done.token_ids[0]] += 1
     for tok in top:  # within 4 standard deviations of the target's probability
@@ -117,7 +117,7 @@ def test_cancel_stops_between_steps(cross, gemma_tok):
     seen = []
     events = generate_speculative(
         target, gemma_tok, drafter, bridge, ids, prefix, GenerationConfig(max_new_tokens=200), set(),
-        cancel=lambda: len(seen) >= 2,
+        should_stop=lambda: len(seen) >= 2,
     )
     for e in events:
         seen.append(e)  # noqa: PERF402 - cancel() reads seen as it grows

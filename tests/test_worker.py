@@ -12,9 +12,10 @@ from collections import deque
 from pathlib import Path
 
 import pytest
-from omnidraft.core.decoding.plain import Cancel, _never
 from omnidraft.core.engine import Engine
 from omnidraft.core.engine_api import EngineAPI
+from omnidraft.core.learning.learner import LearningStatus
+from omnidraft.core.stopping import ShouldStop, never
 from omnidraft.core.storage.settings import Settings
 from omnidraft.core.worker.process import WorkerHandle, WorkerLoop, _Batcher
 from omnidraft.core.worker.protocol import (
@@ -283,7 +284,7 @@ class LoopThread:
 
 
 class ExplodingEngine(Engine):
-    def chat(self, messages, cfg, cancel: Cancel = _never, speculative: bool = True):
+    def chat(self, messages, cfg, should_stop: ShouldStop = never, speculative: bool = True):
         raise ZeroDivisionError("boom")
 
 
@@ -300,7 +301,7 @@ class LearningEngine(Engine):
         self.long_step = threading.Event()  # set once a long step is under way
         self.gave_way = 0
 
-    def idle_step(self, should_stop: Cancel = _never) -> LearningProgress | None:
+    def idle_step(self, should_stop: ShouldStop = never) -> LearningStatus | None:
         self.steps += 1
         self.stepped.release()
         long = self.long_from is not None and self.steps >= self.long_from
@@ -310,13 +311,13 @@ class LearningEngine(Engine):
         while time.monotonic() < deadline:
             if should_stop():  # a request waits: stop at this "layer boundary"
                 self.gave_way += 1
-                return LearningProgress("tiny", "waiting", steps=self.steps)
+                return LearningStatus("tiny", "waiting", steps=self.steps)
             time.sleep(0.005)
         if self.result == "fail":
             raise RuntimeError("adapter exploded")
         if self.result is None:
             return None
-        return LearningProgress("tiny", "running", steps=self.steps)
+        return LearningStatus("tiny", "running", steps=self.steps)
 
 
 def _parameters(function) -> list[str]:
@@ -418,7 +419,7 @@ def test_failing_learning_step_is_reported_once(home):
 class WarningEngine(Engine):
     """Sets aside a damaged learned file while serving, as the real engine does."""
 
-    def chat(self, messages, cfg, cancel: Cancel = _never, speculative: bool = True):
+    def chat(self, messages, cfg, should_stop: ShouldStop = never, speculative: bool = True):
         self.warnings.append("The file of learned drafting statistics was damaged; it starts over.")
         raise ValueError("no target")
 

@@ -7,11 +7,15 @@ with '▁', byte fallback, special tokens) at a fraction of the real models' cos
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+# Converted bundled models, kept between test runs (re-creatable, git-ignored).
+TEST_CACHE = Path(os.environ.get("OMNIDRAFT_TEST_CACHE", Path(__file__).resolve().parent.parent / ".test-cache"))
 
 # Decoding prompts: one repeats itself (lookups find it), one has a word a
 # tokenizer splits ('snowflake'), one non-ASCII text and a control-token look-alike.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..models.lean_llama import LeanLlama
+from ..stopping import ShouldStop, never
 from .sampling import GenerationConfig, probabilities
 from .vocab_bridge import token_bytes
 
@@ -76,7 +77,7 @@ class Drafter:
         # in the middle of a reply.
         self._ws_tokens = {i: b for i, b in enumerate(token_bytes(self.tokenizer)) if b and b[0] in _WHITESPACE}
 
-    def load_weights(self, weights: dict | None, should_stop=lambda: False) -> bool:
+    def load_weights(self, weights: dict | None, should_stop: ShouldStop = never) -> bool:
         """Draft with these weights from now on (a target's adapter merged in;
         None = the drafter's own). The context is rebuilt on the next sync.
         Returns False, changing nothing, when should_stop() interrupted it."""

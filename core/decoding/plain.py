@@ -1,26 +1,23 @@
 """Plain (target-only) decoding with a KV cache, as a generator of events.
 
-Also home of ReplyStream, which both plain and speculative decoding use to turn
-token ids into streamed text: it holds back an incomplete UTF-8 character and
-any tail that could be the start of a stop string, and decides when to stop.
+Also home of what both plain and speculative decoding share: ReplyStream turns
+token ids into streamed text (it holds back an incomplete UTF-8 character and
+any tail that could be the start of a stop string, and decides when to stop),
+and Turn is the prologue and epilogue around either loop (stats, sampling
+generator, clock, the finishing event).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from transformers import DynamicCache
 
 from ..events import TokenChunk, TurnFinished, TurnStats
+from ..stopping import ShouldStop, never
 from .sampling import GenerationConfig, pick
-
-Cancel = Callable[[], bool]
-
-
-def _never() -> bool:
-    return False
 
 
 class ReplyStream:
@@ -101,27 +98,40 @@ def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache, last: int
     return out.logits[0]
 
 
+class Turn:
+    """One reply's bookkeeping, the same around every decode loop: its stats, the
+    stream of its text, the sampling generator (seeded once per reply), its clock,
+    and the TurnFinished that ends it."""
+
+    def __init__(self, method: str, tokenizer, prompt_ids: list[int], cfg: GenerationConfig, stop_ids: set[int]):
+        self.stats = TurnStats(method=method, prompt_tokens=len(prompt_ids))
+        self.stream = ReplyStream(tokenizer, cfg, stop_ids)
+        self.gen = cfg.generator()
+        self.start = time.perf_counter()
+
+    def finished(self) -> TurnFinished:
+        stream = self.stream
+        self.stats.new_tokens = len(stream.ids)
+        self.stats.seconds = time.perf_counter() - self.start
+        return TurnFinished(stream.text, stream.reason or "cancelled", self.stats, list(stream.ids))
+
+
 def generate_plain(
     model,
     tokenizer,
     prompt_ids: list[int],
     cfg: GenerationConfig,
     stop_ids: set[int],
-    cancel: Cancel = _never,
+    should_stop: ShouldStop = never,
 ) -> Iterator[TokenChunk | TurnFinished]:
-    stats = TurnStats(method="target", prompt_tokens=len(prompt_ids))
-    stream = ReplyStream(tokenizer, cfg, stop_ids)
-    gen = cfg.generator()
-    start = time.perf_counter()
+    turn = Turn("target", tokenizer, prompt_ids, cfg, stop_ids)
     cache = DynamicCache()
     logits = forward(model, prompt_ids, cache, last=1)[-1]
-    while not cancel():
-        tok = pick(logits, cfg, gen)
-        yield from stream.push([tok])
-        if stream.reason:
+    while not should_stop():
+        tok = pick(logits, cfg, turn.gen)
+        yield from turn.stream.push([tok])
+        if turn.stream.reason:
             break
         logits = forward(model, [tok], cache)[-1]
-        stats.steps += 1
-    stats.new_tokens = len(stream.ids)
-    stats.seconds = time.perf_counter() - start
-    yield TurnFinished(stream.text, stream.reason or "cancelled", stats, list(stream.ids))
+        turn.stats.steps += 1
+    yield turn.finished()

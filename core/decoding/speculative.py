@@ -1,12 +1,14 @@
 """Cross-vocabulary speculative decoding (OMNIDRAFT.md §1), as a generator of
 the same events plain decoding yields.
 
-One step: the drafter drafts k tokens in its own vocabulary; the vocabulary
-bridge merges them into m target-space proposals (n-gram cache by longest
-match, else direct mapping); ONE target forward over [pending token] +
-proposals scores them all; verification accepts a prefix and adds the target's
-own next token; both KV caches roll back to the accepted prefix; the bridge
-learns n-grams from the accepted text; the drafter re-syncs on that text.
+One step (generate_speculative's loop): propose() drafts k tokens in the
+drafter's vocabulary and the vocabulary bridge merges them into m target-space
+proposals t_1..t_m with their draft probabilities q'(t_i) (n-gram cache by
+longest match, else direct mapping; or a prompt lookup instead of the drafter);
+verify() runs ONE target forward over [pending token] + t_1..t_m, accepts a
+prefix of n proposals and adds the target's own next token; the target's KV
+cache rolls back to the accepted prefix; the bridge learns n-grams from the
+accepted text; the drafter re-syncs on that text at the next propose().
 
 The prompt's own forward picks the first reply token, as plain decoding does.
 From then on the target's cache lags one token behind the accepted ids: the
@@ -20,18 +22,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
 from transformers import DynamicCache
 
 from ..events import TokenChunk, TurnFinished, TurnStats
 from ..learning.acceptance_head import proposal_chances
+from ..stopping import ShouldStop, never
 from .adaptive_drafting import DRAFTER, DraftPolicy, lookup_source
-from .drafter import Drafter
-from .plain import Cancel, ReplyStream, _never, forward
+from .drafter import Draft, Drafter
+from .plain import Turn, forward
 from .prompt_lookup import lookup
 from .sampling import GenerationConfig, pick
 from .verification import verify_greedy, verify_sampling
-from .vocab_bridge import VocabBridge, merged_spans
+from .vocab_bridge import VocabBridge, merged_spans, q_prime
 
 # How many target tokens before the new ones the bridge re-reads when learning,
 # so n-grams that straddle a step boundary are still seen whole.
@@ -40,12 +42,132 @@ LEARN_LOOK_BEHIND = 4
 
 @dataclass
 class SpecOptions:
-    k: int = 4
+    # The draft length k is the drafter's setting (DraftSettings.k); lookups use it too.
     prompt_lookup: bool = True  # use context n-gram lookup before asking the drafter
     lookup_min_tokens: int = 2  # a lookup continuation shorter than this is not used
     max_proposals: int = 8  # cap after merging (a many-target n-gram can add tokens)
     use_ngram_cache: bool = True
     text_proposals: bool = True  # greedy, cross-vocabulary: re-tokenize the drafted text
+
+
+@dataclass
+class Proposals:
+    """One step's draft in the target's vocabulary: what verify() consumes."""
+
+    tokens: list[int]  # t_1..t_m, target token ids
+    q_prime: list[float]  # q'(t_i) (Eq. 1); 1.0 for a lookup, a point-mass draft
+    spans: list[tuple[int, ...]]  # the drafted positions each t_i came from; () for a lookup
+    source: str  # DRAFTER or the lookup's source (adaptive drafting's choice)
+    draft: Draft | None = None  # the drafter's run the spans index; None for a lookup
+    ngram_hits: int = 0  # merges through the n-gram cache
+    # Of the time proposing took, the drafter's one-time read of the prompt: not a
+    # cost of this step's source.
+    setup_seconds: float = 0.0
+
+
+class SpeculativeDecoder:
+    """One reply's speculative decoding state: the target's KV cache, the accepted
+    context (prompt + reply, target ids), the pending token, and how much of that
+    context the drafter has read."""
+
+    def __init__(
+        self,
+        target,
+        drafter: Drafter,
+        bridge: VocabBridge,
+        prompt_ids: list[int],
+        drafter_prefix: list[int],
+        cfg: GenerationConfig,
+        gen,
+        options: SpecOptions,
+        policy: DraftPolicy | None,
+    ):
+        self.target, self.drafter, self.bridge = target, drafter, bridge
+        self.cfg, self.gen, self.options, self.policy = cfg, gen, options, policy
+        self.prompt_len = len(prompt_ids)
+        self.drafter_prefix = drafter_prefix
+        self.context = list(prompt_ids)
+        self.pending: int | None = None  # the newest accepted token, not yet in the target's cache
+        self.synced: int | None = None  # context tokens the drafter has read (None: not started)
+        self.cache = DynamicCache()
+        self.cache.activate_past_recording()  # lets sliding-window layers roll back too
+        # Greedy verification needs no draft probabilities, so the drafted text can be
+        # re-tokenized by the target and the drafter's context healed (see
+        # VocabBridge.propose_text); sampling keeps the paper's token mapping (Eq. 1-2).
+        self.text_proposals = cfg.greedy and options.text_proposals and not bridge.same_vocab
+
+    def prefill(self) -> int:
+        """The prompt's forward; it picks the first reply token."""
+        logits = forward(self.target, self.context, self.cache, last=1)[-1]
+        return pick(logits, self.cfg, self.gen)
+
+    def propose(self, k: int) -> Proposals:
+        """Up to k target tokens: a prompt lookup when one is found (and adaptive
+        drafting takes it), else the drafter's k tokens merged by the bridge."""
+        if k == 0:
+            return Proposals([], [], [], DRAFTER)
+        if self.options.prompt_lookup:
+            found, match = lookup(self.context, k)
+            if len(found) >= self.options.lookup_min_tokens and (
+                self.policy is None or self.policy.use_lookup(match)
+            ):
+                return Proposals(found, [1.0] * len(found), [()] * len(found), lookup_source(match))
+        return self._draft(k)
+
+    def _draft(self, k: int) -> Proposals:
+        start = time.perf_counter()
+        setup = 0.0
+        if self.synced is None:  # the drafter reads the prompt only once it is needed
+            self.drafter.start(self.drafter_prefix)
+            self.synced = self.prompt_len
+            setup = time.perf_counter() - start
+        if self.synced < len(self.context):  # ... and catches up only when it is needed
+            reply = self.context[self.prompt_len :]
+            if self.bridge.same_vocab:
+                self.drafter.sync_ids(reply)
+            else:
+                self.drafter.sync_text(self.bridge.target_text(reply), heal=self.text_proposals)
+            self.synced = len(self.context)
+        draft = self.drafter.draft(self.cfg, self.gen, k)
+        if self.text_proposals:
+            merged = self.bridge.propose_text(draft.ids, draft.held)
+        else:
+            merged = self.bridge.propose(
+                draft.ids, self.options.use_ngram_cache, single_target=not self.cfg.greedy
+            )
+        tokens = merged.target_ids[: self.options.max_proposals]
+        spans = merged.spans[: len(tokens)]
+        return Proposals(tokens, q_prime(draft.q, spans), spans, DRAFTER, draft, merged.ngram_hits, setup)
+
+    def verify(self, proposals: Proposals) -> tuple[int, int]:
+        """One target forward over the pending token and t_1..t_m: how many
+        proposals are accepted (n), and the target's own token after them (at the
+        first rejection, or the bonus token when all are accepted). The cache
+        forgets the rejected ones."""
+        t = proposals.tokens
+        logits = forward(self.target, [self.pending] + t, self.cache)
+        if self.cfg.greedy:
+            n, token = verify_greedy(t, logits)
+        else:
+            vocab = logits.shape[-1]
+            n, token = verify_sampling(
+                t, proposals.q_prime, logits, self.cfg, self.gen,
+                lambda i: self.bridge.q_prime_dist(
+                    proposals.draft, proposals.spans[i], t[i], proposals.q_prime[i], vocab
+                ),
+            )
+        self.cache.crop(-(len(t) - n))
+        return n, token
+
+    def accept(self, new: list[int]) -> None:
+        """Accepted target tokens join the context; the last one is pending."""
+        self.context += new
+        self.pending = new[-1]
+
+    def learn(self, new: int) -> None:
+        """The n-gram cache learns from the accepted text (OMNIDRAFT.md §1)."""
+        if self.options.use_ngram_cache and not self.bridge.same_vocab:
+            self.bridge.learn_text(self.context[-(new + LEARN_LOOK_BEHIND) :])
 
 
 def generate_speculative(
@@ -58,138 +180,59 @@ def generate_speculative(
     cfg: GenerationConfig,
     stop_ids: set[int],
     options: SpecOptions | None = None,
-    cancel: Cancel = _never,
+    should_stop: ShouldStop = never,
     policy: DraftPolicy | None = None,
     learn_policy: bool = True,
 ) -> Iterator[TokenChunk | TurnFinished]:
     """policy chooses between a lookup and the drafter (None: lookup whenever one
     is found); learn_policy: record each step's outcome in it."""
-    opts = options or SpecOptions()
-    stats = TurnStats(method="omnidraft", prompt_tokens=len(prompt_ids))
-    stream = ReplyStream(target_tokenizer, cfg, stop_ids)
-    gen = cfg.generator()
-    start = time.perf_counter()
+    options = options or SpecOptions()
+    turn = Turn("omnidraft", target_tokenizer, prompt_ids, cfg, stop_ids)
+    decoder = SpeculativeDecoder(target, drafter, bridge, prompt_ids, drafter_prefix, cfg, turn.gen, options, policy)
 
-    cache = DynamicCache()
-    cache.activate_past_recording()  # lets sliding-window layers roll back too
-    # The prompt's forward already decides the first reply token: it is streamed
-    # before the drafter reads the prompt, so a reply starts after one prefill.
-    first = pick(forward(target, prompt_ids, cache, last=1)[-1], cfg, gen)
-    stats.steps += 1
-    yield from stream.push([first])
-    pending = first
-    context = list(prompt_ids) + [first]  # target ids: prompt + accepted reply
-    if opts.use_ngram_cache:
-        bridge.learn_text(context)  # the prompt is accepted text too
-    synced = None  # accepted target ids the drafter's context covers (None: not started)
-    target_bytes = bridge.direct.target_bytes
-    # Greedy verification needs no draft probabilities, so the drafted text can be
-    # re-tokenized by the target and the drafter's context healed (see
-    # VocabBridge.propose_text); sampling keeps the paper's token mapping (Eq. 1-2).
-    text_proposals = cfg.greedy and opts.text_proposals and not bridge.same_vocab
+    # The first reply token streams before the drafter reads the prompt: a reply
+    # starts after one prefill.
+    first = decoder.prefill()
+    turn.stats.steps += 1
+    yield from turn.stream.push([first])
+    decoder.accept([first])
+    if options.use_ngram_cache:
+        bridge.learn_text(decoder.context)  # the prompt is accepted text too
 
-    while not stream.reason and not cancel():
-        # ---- draft
+    while not turn.stream.reason and not should_stop():
+        room = cfg.max_new_tokens - len(turn.stream.ids) - 1  # the target adds one token itself
+        k = max(0, min(drafter.settings.k, room))
         t0 = time.perf_counter()
-        room = cfg.max_new_tokens - len(stream.ids) - 1
-        k = max(0, min(opts.k, room))
-        proposals, spans, q_prime, draft, source = [], [], [], None, DRAFTER
-        once = 0.0  # the drafter's one-time read of the prompt: not a cost of this step's source
-        if k and opts.prompt_lookup:
-            found, match = lookup(context, k)
-            if len(found) >= opts.lookup_min_tokens and (policy is None or policy.use_lookup(match)):
-                # A lookup is a point-mass draft: q' = 1 on the proposed token.
-                proposals, source = found, lookup_source(match)
-                spans, q_prime = [()] * len(proposals), [1.0] * len(proposals)
-        if k and not proposals:
-            if synced is None:  # the drafter reads the prompt only once it is needed
-                drafter.start(drafter_prefix)
-                synced = len(prompt_ids)
-                once = time.perf_counter() - t0
-            if synced < len(context):  # ... and catches up only when it is needed
-                reply = context[len(prompt_ids):]
-                if bridge.same_vocab:
-                    drafter.sync_ids(reply)
-                else:
-                    drafter.sync_text(_text(target_bytes, reply), heal=text_proposals)
-                synced = len(context)
-            draft = drafter.draft(cfg, gen, k)
-            if text_proposals:
-                merged = bridge.propose_text(draft.ids, draft.held)
-            else:
-                merged = bridge.propose(draft.ids, opts.use_ngram_cache, single_target=not cfg.greedy)
-            proposals = merged.target_ids[: opts.max_proposals]
-            spans = merged.spans[: len(proposals)]
-            stats.ngram_hits += merged.ngram_hits
-            # Eq. 1: q'(t) = q(d) for a direct mapping, the product over an n-gram's pieces.
-            q_prime = [float(torch.tensor([draft.q[j] for j in s]).prod()) for s in spans]
+        proposals = decoder.propose(k)
         t1 = time.perf_counter()
-
-        # ---- verify: one target forward over the pending token and all proposals
-        logits = forward(target, [pending] + proposals, cache)
-        if cfg.greedy:
-            n, nxt = verify_greedy(proposals, logits)
-        else:
-            n, nxt = verify_sampling(
-                proposals, q_prime, logits, cfg, gen,
-                lambda i: _q_prime_dist(bridge, draft, spans[i], proposals[i], q_prime[i], logits.shape[-1]),
-            )
-        cache.crop(-(len(proposals) - n))  # forget rejected proposals
+        n, token = decoder.verify(proposals)
         t2 = time.perf_counter()
-
-        stats.steps += 1
-        stats.proposed += len(proposals)
-        stats.accepted += n
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        if source != DRAFTER:
-            stats.lookup_steps += 1
-            stats.lookup_proposed += len(proposals)
-            stats.lookup_accepted += n
-        if draft is not None:
-            stats.add_drafted(proposal_chances(draft.p, spans), merged_spans(spans), n)
+        _count_step(turn.stats, proposals, n, t1 - t0, t2 - t1)
         if k and policy is not None and learn_policy:
-            policy.record(source, n + 1, t2 - t0 - once)
+            policy.record(proposals.source, n + 1, t2 - t0 - proposals.setup_seconds)
 
-        new = proposals[:n] + [nxt]
-        yield from stream.push(new, drafted=n)
-        context += new
-        pending = nxt
-        if stream.reason:
+        new = proposals.tokens[:n] + [token]
+        yield from turn.stream.push(new, drafted=n)
+        decoder.accept(new)
+        if turn.stream.reason:
             break
-        # ---- learn n-grams from the accepted text
-        if opts.use_ngram_cache and not bridge.same_vocab:
-            bridge.learn_text(context[-(len(new) + LEARN_LOOK_BEHIND):])
+        decoder.learn(len(new))
 
-    stats.new_tokens = len(stream.ids)
-    stats.seconds = time.perf_counter() - start
-    yield TurnFinished(stream.text, stream.reason or "cancelled", stats, list(stream.ids))
+    yield turn.finished()
 
 
-def _text(target_bytes: list[bytes | None], ids: list[int]) -> str:
-    """The accepted reply as text, exactly as the target spelled it (an incomplete
-    UTF-8 character at the end waits for the next step)."""
-    raw = b"".join(target_bytes[i] or b"" for i in ids)
-    return raw.decode("utf-8", errors="ignore") if raw else ""
-
-
-def _q_prime_dist(bridge: VocabBridge, draft, span: tuple[int, ...], token: int, q_token: float, vocab: int):
-    """q' over the target vocabulary at one position (Eq. 2): the drafter's
-    distribution carried over by direct mapping; for an n-gram, the merged token
-    gets the product of its pieces and its first piece's token only the remainder.
-    A lookup proposal (empty span) is a point mass on its token."""
-    out = torch.zeros(vocab)
-    if not span:
-        out[token] = 1.0
-        return out
-    first_id = draft.ids[span[0]]
-    q = draft.dists[span[0]].float()
-    mapped = bridge.direct.to_target[: q.numel()]
-    ok = mapped >= 0
-    out.index_add_(0, mapped[ok], q[ok])
-    if len(span) > 1:
-        first = int(mapped[first_id])
-        if first >= 0:
-            out[first] = max(0.0, float(q[first_id]) - q_token)
-        out[token] = q_token
-    return out
+def _count_step(stats: TurnStats, proposals: Proposals, n: int, draft_s: float, verify_s: float) -> None:
+    m = len(proposals.tokens)
+    stats.steps += 1
+    stats.proposed += m
+    stats.accepted += n
+    stats.ngram_hits += proposals.ngram_hits
+    stats.draft_seconds += draft_s
+    stats.verify_seconds += verify_s
+    if proposals.source != DRAFTER:
+        stats.lookup_steps += 1
+        stats.lookup_proposed += m
+        stats.lookup_accepted += n
+    if proposals.draft is not None:
+        spans = proposals.spans
+        stats.add_drafted(proposal_chances(proposals.draft.p, spans), merged_spans(spans), n)

@@ -15,11 +15,16 @@ OMNIDRAFT.md section 1. Two parts:
   drafter run -> target run. Proposals merge drafted runs by longest match.
   Bounded, LRU eviction, saved per (drafter, target) pair, encrypted: its
   entries are pieces of the user's prompts and replies.
+
+Sampling needs the draft probabilities in the target's vocabulary too: q' of a
+proposed token (Eq. 1, q_prime) and q' over the whole vocabulary for the
+residual on a rejection (Eq. 2, VocabBridge.q_prime_dist).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import weakref
 from collections import OrderedDict
@@ -127,8 +132,8 @@ class DirectMap:
 
 
 @dataclass
-class Proposal:
-    """Target-space proposals built from one drafted run."""
+class Merge:
+    """Target-space tokens merged from one drafted run."""
 
     target_ids: list[int]
     # For each target id, the drafter positions (indices into the drafted run) it
@@ -137,6 +142,12 @@ class Proposal:
     # Leading target ids of a run that belong to one cache entry; only the first
     # target id of a many-target entry carries the drafter probability.
     ngram_hits: int = 0
+
+
+def q_prime(q: list[float], spans: list[tuple[int, ...]]) -> list[float]:
+    """Eq. 1: each target token's draft probability, q'(t) = q(d) for a direct
+    mapping and the product of its pieces' q(d_j) for an n-gram."""
+    return [math.prod(q[j] for j in span) for span in spans]
 
 
 def merged_spans(spans: list[tuple[int, ...]]) -> list[bool]:
@@ -230,15 +241,43 @@ class VocabBridge:
         self.direct = DirectMap(drafter_tokenizer, target_tokenizer, self.same_vocab)
         self.cache = NgramCache(max_entries)
 
+    def target_text(self, target_ids: list[int]) -> str:
+        """Target tokens as text, exactly as the target spelled them (an incomplete
+        UTF-8 character at the end is left out: it waits for the next tokens)."""
+        raw = b"".join(self.direct.target_bytes[i] or b"" for i in target_ids)
+        return raw.decode("utf-8", errors="ignore") if raw else ""
+
+    def q_prime_dist(self, draft, span: tuple[int, ...], token: int, q_token: float, vocab: int) -> torch.Tensor:
+        """q' over the target vocabulary at one position (Eq. 2): the drafter's
+        distribution carried over by direct mapping; for an n-gram, the merged token
+        gets the product of its pieces and its first piece's token only the remainder.
+        A lookup proposal (empty span) is a point mass on its token. draft: the
+        drafted run (ids, dists) the span indexes."""
+        out = torch.zeros(vocab)
+        if not span:
+            out[token] = 1.0
+            return out
+        first_id = draft.ids[span[0]]
+        q = draft.dists[span[0]].float()
+        mapped = self.direct.to_target[: q.numel()]
+        ok = mapped >= 0
+        out.index_add_(0, mapped[ok], q[ok])
+        if len(span) > 1:
+            first = int(mapped[first_id])
+            if first >= 0:
+                out[first] = max(0.0, float(q[first_id]) - q_token)
+            out[token] = q_token
+        return out
+
     # ------------------------------------------------------------ proposals
-    def propose(self, drafted: list[int], use_cache: bool = True, single_target: bool = False) -> Proposal:
+    def propose(self, drafted: list[int], use_cache: bool = True, single_target: bool = False) -> Merge:
         """Merge a drafted run into target proposals; stops at the first drafter
         token that neither the cache nor the direct map can express.
 
         single_target: only entries whose target run is one token (sampling needs
         a probability per proposed token, Eq. 1).
         """
-        out = Proposal([], [])
+        out = Merge([], [])
         i = 0
         while i < len(drafted):
             hit = self.cache.match(drafted, i) if use_cache and not self.same_vocab else None
@@ -259,7 +298,7 @@ class VocabBridge:
             i += 1
         return out
 
-    def propose_text(self, drafted: list[int], held: bytes = b"") -> Proposal:
+    def propose_text(self, drafted: list[int], held: bytes = b"") -> Merge:
         """Greedy decoding's proposals: the drafted TEXT as the target tokenizes it.
 
         Token-by-token mapping fails at every boundary the two tokenizers draw
@@ -282,7 +321,7 @@ class VocabBridge:
             pieces.append(b)
         raw = b"".join(pieces)
         if not raw.startswith(held):
-            return Proposal([], [])
+            return Merge([], [])
         body = raw[len(held):]
         try:
             text = body.decode("utf-8")
@@ -290,7 +329,7 @@ class VocabBridge:
             body = body[: exc.start]
             text = body.decode("utf-8", errors="ignore")
         if not text:
-            return Proposal([], [])
+            return Merge([], [])
         # Drafted text that reads like a control token ('<end_of_turn>') is text:
         # the target tokenizes it as text, as it does the user's typing.
         ids = self.target_tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -300,7 +339,7 @@ class VocabBridge:
             return self._propose_after(drafted[: len(pieces)], ends, len(held))
         if ids and not spelled[-1].strip():
             ids, spelled = ids[:-1], spelled[:-1]
-        out = Proposal([], [])
+        out = Merge([], [])
         start = len(held)
         for tid, b in zip(ids, spelled):
             stop = start + len(b)
@@ -311,12 +350,12 @@ class VocabBridge:
             start = stop
         return out
 
-    def _propose_after(self, drafted: list[int], ends: list[int], held: int) -> Proposal:
+    def _propose_after(self, drafted: list[int], ends: list[int], held: int) -> Merge:
         """Token mapping of the drafted tokens after the first `held` bytes (what
         token healing re-drafted was accepted already); nothing when a drafted
         token straddles that boundary. ends: each drafted token's end offset."""
         if held and held not in ends:
-            return Proposal([], [])
+            return Merge([], [])
         skip = ends.index(held) + 1 if held else 0
         out = self.propose(drafted[skip:], use_cache=True)
         out.spans = [tuple(i + skip for i in span) for span in out.spans]

@@ -43,6 +43,7 @@ from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_bytes
 
+from ..stopping import ShouldStop, never
 from ..storage import paths
 from ..storage.persistence import CorruptStateError, _fsync_dir
 from ..storage.secure_store import KeyStore, KeyUnavailableError, default_keystore
@@ -315,7 +316,7 @@ class AdapterStore:
 
     # ------------------------------------------------------------ merging
     @torch.no_grad()
-    def merged_state(self, target_id: str, should_stop=lambda: False) -> dict[str, torch.Tensor] | None:
+    def merged_state(self, target_id: str, should_stop: ShouldStop = never) -> dict[str, torch.Tensor] | None:
         """Base weights with this adapter merged, W + B·A·(alpha/r), for every
         adapted projection, keyed like the base model's state dict
         ("model.layers.0.self_attn.q_proj.weight"). New tensors in the base

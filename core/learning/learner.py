@@ -20,11 +20,13 @@ samples are retried by the next step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..decoding.vocab_bridge import VocabBridge
+from ..stopping import ShouldStop, never
 from .acceptance_head import LR as HEAD_LR
 from .acceptance_head import STEPS as HEAD_STEPS
 from .acceptance_head import AcceptanceHead, HeadExample, head_example, head_loss, segment_labels
@@ -32,8 +34,21 @@ from .adapters import AdapterStore
 from .distillation import LAMBDA, clip_sample, hybrid_loss
 from .replay_buffer import ReplayBuffer, Sample
 
-StopCheck = Callable[[], bool]
 Check = Callable[[], None]  # raises _Interrupted when a request is waiting
+
+
+@dataclass
+class LearningStatus:
+    """Where learning for one target stands after an idle step (the worker sends
+    it on as its LearningProgress event)."""
+
+    model_id: str
+    state: str  # "running" (a step trained), "waiting" (gave way to a request), "idle" (nothing to learn)
+    steps: int = 0
+    samples: int = 0
+    loss: float | None = None
+    acceptance: float | None = None
+    buffered: int = 0
 
 
 class _Interrupted(Exception):
@@ -85,7 +100,7 @@ class Learner:
         self._trained: dict[int, int] = {}  # seq -> passes that trained it (kept ones)
 
     # ------------------------------------------------------------ training
-    def step(self, should_stop: StopCheck = lambda: False) -> dict | None:
+    def step(self, should_stop: ShouldStop = never) -> dict | None:
         """Train on up to batch_size samples of the current pass; one optimizer step.
 
         Returns progress ({steps, samples, loss, dm, ngram, acceptance_estimate,
@@ -317,7 +332,7 @@ def _zero(*optimizers) -> None:
             optimizer.zero_grad(set_to_none=True)
 
 
-def _checker(should_stop: StopCheck) -> Check:
+def _checker(should_stop: ShouldStop) -> Check:
     def check() -> None:
         if should_stop():
             raise _Interrupted

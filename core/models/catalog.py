@@ -209,6 +209,20 @@ def inspect_path(path: str | Path) -> dict:
 
 # --------------------------------------------------------------------------- catalog
 
+def _entries(raw: object, path: Path) -> list[ModelEntry]:
+    """The user's entries in a saved catalog; CorruptStateError for a wrong shape."""
+    user = raw.get("user") if isinstance(raw, dict) else None
+    if not isinstance(user, list):
+        raise CorruptStateError(path, "it does not hold a list of models")
+    try:
+        entries = [ModelEntry(**e) for e in user]
+    except TypeError as exc:  # not a record, or not an entry's fields
+        raise CorruptStateError(path, f"an entry is not a model ({exc})") from exc
+    if not all(isinstance(e.id, str) and isinstance(e.path, str) and isinstance(e.name, str) for e in entries):
+        raise CorruptStateError(path, "an entry's id, name or path is not text")
+    return entries
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "model"
 
@@ -220,14 +234,11 @@ class ModelCatalog:
         self.store = store or paths.data_dir() / "catalog.json"
         self.load_warning: str | None = None
         try:
-            raw = read_json(self.store, {"user": []})
-            self._user = [ModelEntry(**e) for e in raw.get("user", [])]
-        except (CorruptStateError, TypeError, AttributeError) as exc:
-            if isinstance(exc, CorruptStateError):
-                kept = exc.quarantine()
-                self.load_warning = f"The model list was damaged; it was kept as {kept.name}."
-            else:
-                self.load_warning = f"The model list had unreadable entries ({exc})."
+            self._user = _entries(read_json(self.store, {"user": []}), self.store)
+        except CorruptStateError as exc:
+            # Set aside, never overwritten by the next save: it names the user's models.
+            kept = exc.quarantine()
+            self.load_warning = f"The model list was damaged; it was kept as {kept.name}."
             self._user = []
 
     def entries(self) -> list[ModelEntry]:

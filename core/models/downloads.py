@@ -30,22 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..stopping import ShouldStop, never
 from ..storage import paths
 from .catalog import memory_needed
 
 # (bytes of the file on disk so far, its full size). Called for every piece received.
 Progress = Callable[[int, int], None]
-Cancelled = Callable[[], bool]
 _READ_CHUNK = 8 << 20  # re-reading a partial file for its checksum
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def no_progress(done: int, total: int) -> None:
     pass
-
-
-def _never() -> bool:
-    return False
 
 
 class DownloadError(Exception):
@@ -239,9 +235,9 @@ def _resolve(offer: Offer) -> _Remote:
 
 # --------------------------------------------------------------------------- the download
 
-def download(offer: Offer, progress: Progress = no_progress, cancelled: Cancelled = _never) -> Path:
+def download(offer: Offer, progress: Progress = no_progress, should_stop: ShouldStop = never) -> Path:
     """The offer's file in models_dir(), downloaded (or finished) now and checked
-    against the Hub's size and sha256. Raises DownloadCancelled when cancelled()
+    against the Hub's size and sha256. Raises DownloadCancelled when should_stop()
     turns true (what arrived is kept) and DownloadError with a message for people."""
     final = final_path(offer)
     if final.exists():
@@ -258,10 +254,10 @@ def download(offer: Offer, progress: Progress = no_progress, cancelled: Cancelle
             "sha256": remote.sha256, "size": remote.size,
         }))
     _check_disk(offer, remote.size - have)
-    _hash_existing(part, have, digest, cancelled)
+    _hash_existing(part, have, digest, should_stop)
     progress(have, remote.size)
     if have < remote.size:
-        have, digest = _fetch(offer, remote, part, have, digest, progress, cancelled)
+        have, digest = _fetch(offer, remote, part, have, digest, progress, should_stop)
     if have != remote.size or digest.hexdigest() != remote.sha256:
         part.unlink(missing_ok=True)
         record.unlink(missing_ok=True)
@@ -297,11 +293,11 @@ def _check_disk(offer: Offer, remaining: int) -> None:
         )
 
 
-def _hash_existing(part: Path, have: int, digest, cancelled: Cancelled) -> None:
+def _hash_existing(part: Path, have: int, digest, should_stop: ShouldStop) -> None:
     with open(part, "rb") as f:
         left = have
         while left > 0:
-            if cancelled():
+            if should_stop():
                 raise DownloadCancelled()
             chunk = f.read(min(_READ_CHUNK, left))
             if not chunk:
@@ -312,7 +308,7 @@ def _hash_existing(part: Path, have: int, digest, cancelled: Cancelled) -> None:
 
 def _fetch(
     offer: Offer, remote: _Remote, part: Path, have: int, digest, progress: Progress,
-    cancelled: Cancelled,
+    should_stop: ShouldStop,
 ) -> tuple[int, object]:
     """Append the rest of the file to `part`; returns the bytes on disk at the end
     and the sha256 of all of them."""
@@ -340,7 +336,7 @@ def _fetch(
                 f.seek(have)
                 f.truncate()
                 for chunk in response.iter_bytes():
-                    if cancelled():
+                    if should_stop():
                         raise DownloadCancelled()
                     f.write(chunk)
                     digest.update(chunk)
@@ -352,7 +348,7 @@ def _fetch(
         status = exc.response.status_code if exc.response is not None else "?"
         raise DownloadError(f"The download of {offer.name} was refused (HTTP {status}); try again later.") from exc
     except httpx2.TransportError as exc:
-        if cancelled():  # stopped while the connection stalled: the read timed out first
+        if should_stop():  # stopped while the connection stalled: the read timed out first
             raise DownloadCancelled() from exc
         raise DownloadError(
             f"The connection broke off while downloading {offer.name} "

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..stopping import ShouldStop, never
+
 
 class LeanLlama:
     def __init__(
@@ -89,7 +91,7 @@ class LeanLlama:
     def _quantized(self, layer: tuple) -> tuple:
         return tuple(_int8(m) for m in (layer[1], layer[2], layer[4], layer[5]))
 
-    def set_weights(self, weights: dict[str, torch.Tensor] | None, should_stop=lambda: False) -> bool:
+    def set_weights(self, weights: dict[str, torch.Tensor] | None, should_stop: ShouldStop = never) -> bool:
         """Replace the projections (None: the model's own), keeping the embeddings,
         head, KV buffer and RoPE tables. Layer by layer, checking should_stop()
         between layers; all layers change at once at the end, or none (returns

@@ -35,9 +35,11 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ..engine_api import EngineAPI
+from ..stopping import ShouldStop
 from ..storage.paths import HOME_ENV
 from ..storage.settings import Settings
 from .protocol import (
@@ -225,7 +227,7 @@ class WorkerLoop:
             self.emit(ErrorEvent(None, f"Learning stopped: {_short(exc)}", traceback.format_exc()))
             return
         if progress is not None:
-            self.emit(progress)
+            self.emit(LearningProgress(**asdict(progress)))
         if progress is None or progress.state != "running":
             self.learning_has_work = False
             self.learn_now = False
@@ -346,7 +348,7 @@ class WorkerLoop:
         batcher = _Batcher(self.emit, request.request_id)
         cancelled = False
 
-        def cancel() -> bool:
+        def should_stop() -> bool:
             nonlocal cancelled
             cancelled = self._drain(request.request_id) or cancelled
             # A GUI gone mid-reply: stop now (what was written is saved as cancelled)
@@ -362,7 +364,7 @@ class WorkerLoop:
             seed=request.seed,
         )
         try:
-            for item in self._chat_stream(request, cfg, cancel):
+            for item in self._chat_stream(request, cfg, should_stop):
                 if isinstance(item, TokenChunk):
                     batcher.add(item.text, item.drafted)
                 elif isinstance(item, TurnFinished):
@@ -381,9 +383,9 @@ class WorkerLoop:
             )
 
     def _chat_stream(
-        self, request: ChatRequest, cfg: GenerationConfig, cancel: Callable[[], bool]
+        self, request: ChatRequest, cfg: GenerationConfig, should_stop: ShouldStop
     ) -> Iterator[TokenChunk | TurnFinished]:
-        return self.engine.chat(request.messages, cfg, cancel, speculative=request.speculative)
+        return self.engine.chat(request.messages, cfg, should_stop, speculative=request.speculative)
 
     def _turn_done(self, request_id: int, item: TurnFinished) -> TurnDone:
         return TurnDone(
