@@ -3,7 +3,8 @@
 The window lists what it offers as ActionSpec rows (id, text, shortcut, callback,
 menu, group); install() builds the menu bar from them in order, with a separator
 between groups, and returns the QActions by id so the window can enable, check or
-test them. Adding a command is one row, not five lines of Qt calls.
+test them. Adding a command is one row, not five lines of Qt calls, and the
+Help → Keyboard shortcuts list is made from the same rows (shortcut_rows).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def install(window: QMainWindow, rows: list[ActionSpec | MenuSpec]) -> dict[str,
         action = row.action or _make(window, row)
         if row.action is not None:
             action.setText(row.text)
+            _set_shortcut(action, row.shortcut)
         menu.addAction(action)
         actions[row.id] = action
     return actions
@@ -67,10 +69,7 @@ def install(window: QMainWindow, rows: list[ActionSpec | MenuSpec]) -> dict[str,
 def _make(window: QMainWindow, row: ActionSpec) -> QAction:
     action = QAction(row.text, window)
     action.setObjectName(row.id)
-    if row.shortcut is not None:
-        action.setShortcut(QKeySequence(row.shortcut))
-        # Window-wide, so Esc stops a reply while the composer has the focus.
-        action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+    _set_shortcut(action, row.shortcut)
     if row.checkable:
         action.setCheckable(True)
         action.setChecked(row.checked)
@@ -81,3 +80,23 @@ def _make(window: QMainWindow, row: ActionSpec) -> QAction:
         else:
             action.triggered.connect(lambda _checked=False, f=row.callback: f())
     return action
+
+
+def _set_shortcut(action: QAction, shortcut: Shortcut) -> None:
+    if shortcut is not None:
+        action.setShortcut(QKeySequence(shortcut))
+        # Window-wide, so Esc stops a reply while the composer has the focus.
+        action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+
+
+def shortcut_rows(rows: list[ActionSpec | MenuSpec], actions: dict[str, QAction]) -> list[tuple[str, str, str]]:
+    """(menu, command, keys as this platform writes them) for every row with a
+    shortcut, in menu order: what Help → Keyboard shortcuts lists. Read from the
+    installed actions, so the list is what the keys really do."""
+    listed = []
+    for row in rows:
+        if isinstance(row, ActionSpec) and row.shortcut is not None:
+            keys = actions[row.id].shortcut().toString(QKeySequence.SequenceFormat.NativeText)
+            if keys:  # a standard key this platform has none for
+                listed.append((row.menu.replace("&", ""), row.text.rstrip("…"), keys))
+    return listed

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from . import theme
 from .metrics_history import (
     ROLLING_WINDOW,
     MetricsHistory,
@@ -38,13 +39,10 @@ from .metrics_history import (
 )
 
 ALL_TARGETS = ""
-ACCENT = "#3b6fd8"
-ACCENT_2 = "#e0803a"
-MUTED = "#9aa4b2"
 MAX_MARKS = 20  # learner marks on a plot before they are thinned to milestones
 SAVE_DELAY_MS = 1000  # coalesce bursts of events into one write
 
-pg.setConfigOptions(background="w", foreground="#4a5361", antialias=True)
+pg.setConfigOptions(antialias=True)  # colours are the theme's, set per panel (set_palette)
 
 
 def _pen(color: str, width: float = 2.0, style=Qt.PenStyle.SolidLine):
@@ -94,6 +92,8 @@ class ChartsPanel(QWidget):
         self._current_target: str | None = None
         self._drawn: list = []  # the drafted replies the series plots show
         self._marks: dict = {}  # plot -> its learner marks item
+        self._titles: dict = {}  # plot -> (title, subtitle), redrawn in the theme's colours
+        self._p = theme.current()
         self._save_timer = QTimer(self, singleShot=True, interval=SAVE_DELAY_MS)
         self._save_timer.timeout.connect(self.save)
         # A reply's figures are drawn in the event-loop pass after the one that
@@ -129,6 +129,7 @@ class ChartsPanel(QWidget):
             "Learning", "learner step", None, "blue: loss (left) · orange: acceptance (right)"
         )
         self._add_learning_acceptance_axis()
+        self._colour_plots()
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 10, 10, 10)
@@ -140,18 +141,44 @@ class ChartsPanel(QWidget):
 
     # ------------------------------------------------------------ building
 
-    @staticmethod
-    def _title(title: str, subtitle: str = "") -> str:
+    def _set_title(self, plot, title: str, subtitle: str = "") -> None:
+        self._titles[plot] = (title, subtitle)
         # Short titles: a title wider than the panel widens the whole plot column.
         if subtitle:
-            title += f"<br><span style='font-size:8pt; color:{MUTED}'>{subtitle}</span>"
-        return f"<span style='font-size:10pt'>{title}</span>"
+            title += f"<br><span style='font-size:8pt; color:{self._p.chart_muted}'>{subtitle}</span>"
+        plot.setTitle(f"<span style='font-size:10pt'>{title}</span>", color=self._p.chart_fg)
+
+    @property
+    def plots_list(self) -> list:
+        return [self.speedup_plot, self.acceptance_plot, self.tps_plot, self.learning_plot]
+
+    def set_palette(self, palette: theme.Palette) -> None:
+        """Redraw in another theme's colours (the theme switched while the app runs)."""
+        self._p = palette
+        self._colour_plots()
+        self.refresh()
+
+    def _colour_plots(self) -> None:
+        p = self._p
+        self.plots.setBackground(p.surface)
+        for plot in self.plots_list:
+            for name in ("left", "bottom", "right"):
+                axis = plot.getAxis(name)
+                axis.setPen(p.chart_fg)
+                axis.setTextPen(p.chart_fg)
+                if axis.labelText:
+                    axis.setLabel(axis.labelText, color=p.chart_fg)
+            self._set_title(plot, *self._titles.get(plot, ("", "")))
+        # The learning plot's two scales say by their colour which line they are.
+        self.learning_plot.getAxis("right").setLabel("acceptance", color=p.chart_accent_2)
+        self.learning_plot.getAxis("left").setLabel("loss", color=p.chart_accent)
 
     def _add_plot(
         self, title: str, x_label: str, y_range: tuple[float, float] | None = None,
         subtitle: str = "",
     ):
-        plot = self.plots.addPlot(title=self._title(title, subtitle), axisItems={"bottom": CountAxis("bottom")})
+        plot = self.plots.addPlot(axisItems={"bottom": CountAxis("bottom")})
+        self._set_title(plot, title, subtitle)
         plot.showGrid(x=True, y=True, alpha=0.15)
         if x_label:
             plot.setLabel("bottom", x_label)
@@ -174,11 +201,10 @@ class ChartsPanel(QWidget):
         else:
             plot.enableAutoRange(axis=pg.ViewBox.YAxis)
 
-    @staticmethod
-    def _placeholder(plot, text: str) -> None:
+    def _placeholder(self, plot, text: str) -> None:
         """Say why a plot is empty rather than show bare axes."""
         plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
-        label = pg.TextItem(text, color=MUTED, anchor=(0.5, 0.5))
+        label = pg.TextItem(text, color=self._p.chart_muted, anchor=(0.5, 0.5))
         label.setPos(0.5, 0.5)
         plot.addItem(label)
 
@@ -189,8 +215,6 @@ class ChartsPanel(QWidget):
         plot.showAxis("right")
         plot.scene().addItem(self.learning_acc_view)
         plot.getAxis("right").linkToView(self.learning_acc_view)
-        plot.getAxis("right").setLabel("acceptance", color=ACCENT_2)
-        plot.getAxis("left").setLabel("loss", color=ACCENT)
         self.learning_acc_view.setXLink(plot)
         self.learning_acc_view.setYRange(0, 1, padding=0.05)
 
@@ -307,24 +331,24 @@ class ChartsPanel(QWidget):
         if not points:
             return self._placeholder(plot, empty)
         if reference is not None:
-            plot.addItem(pg.InfiniteLine(pos=reference, angle=0, pen=_pen(MUTED, 1, Qt.PenStyle.DashLine)))
+            plot.addItem(pg.InfiniteLine(pos=reference, angle=0,
+                                         pen=_pen(self._p.chart_muted, 1, Qt.PenStyle.DashLine)))
         xs, ys = zip(*points)
         # The titles say what each series is: a legend box would sit on the points.
-        plot.plot(xs, ys, pen=None, symbol="o", symbolSize=5, symbolBrush=MUTED, symbolPen=None)
-        plot.plot(xs, rolling_mean(list(ys)), pen=_pen(ACCENT))
+        plot.plot(xs, ys, pen=None, symbol="o", symbolSize=5, symbolBrush=self._p.chart_muted, symbolPen=None)
+        plot.plot(xs, rolling_mean(list(ys)), pen=_pen(self._p.chart_accent))
         plot.setXRange(0.5, max(xs) + 0.5, padding=0.02)
 
-    @staticmethod
-    def _speedup_subtitle(every: int | None) -> str:
+    def _speedup_subtitle(self, every: int | None) -> str:
         what = f"every {every} learner steps" if every else "the drafter learned here"
         return (f"dots: each reply · line: mean of last {ROLLING_WINDOW}"
-                f"<br><span style='color:{ACCENT_2}'>|</span> {what}")
+                f"<br><span style='color:{self._p.chart_accent_2}'>|</span> {what}")
 
     def _draw_marks(self, learning) -> None:
         """A short orange tick under each series plot's dots wherever the learner
         trained between two replies: one item per plot, however many marks."""
         marks, every = milestones(learner_marks(self._drawn, learning))
-        self.speedup_plot.setTitle(self._title("Speedup vs plain decoding", self._speedup_subtitle(every)))
+        self._set_title(self.speedup_plot, "Speedup vs plain decoding", self._speedup_subtitle(every))
         for plot in (self.speedup_plot, self.acceptance_plot, self.tps_plot):
             old = self._marks.pop(plot, None)
             if old is not None and old.scene() is not None:  # not already cleared by a redraw
@@ -343,7 +367,7 @@ class ChartsPanel(QWidget):
             # Below the lowest dot (acceptance: at its 0, inside the fixed 0-1 view).
             foot = (-0.04, 0.04) if plot is self.acceptance_plot else (low - 0.14 * span, low - 0.04 * span)
             ys = [y for _ in marks for y in foot]
-            self._marks[plot] = pg.PlotDataItem(xs, ys, connect="pairs", pen=_pen(ACCENT_2, 2.5))
+            self._marks[plot] = pg.PlotDataItem(xs, ys, connect="pairs", pen=_pen(self._p.chart_accent_2, 2.5))
             plot.addItem(self._marks[plot])
 
     def _draw_learning(self, points) -> None:
@@ -356,12 +380,13 @@ class ChartsPanel(QWidget):
             return self._placeholder(plot, "Not trained on this target yet")
         if losses:
             xs, ys = zip(*losses)
-            plot.plot(xs, ys, pen=_pen(ACCENT), symbol="o", symbolSize=5, symbolBrush=ACCENT,
-                      symbolPen=None)
+            accent = self._p.chart_accent
+            plot.plot(xs, ys, pen=_pen(accent), symbol="o", symbolSize=5, symbolBrush=accent, symbolPen=None)
         if accs:
             xs, ys = zip(*accs)
-            curve = pg.PlotDataItem(xs, ys, pen=_pen(ACCENT_2), symbol="t", symbolSize=6,
-                                    symbolBrush=ACCENT_2, symbolPen=None)
+            accent = self._p.chart_accent_2
+            curve = pg.PlotDataItem(xs, ys, pen=_pen(accent), symbol="t", symbolSize=6,
+                                    symbolBrush=accent, symbolPen=None)
             self.learning_acc_view.addItem(curve)
 
     # ------------------------------------------------------------ export

@@ -218,6 +218,11 @@ class ChatView(QWidget):
         for widget in self.messages:
             widget.set_highlight(on)
 
+    def restyle(self) -> None:
+        """The theme changed: redraw what baked its colours in (the draft tint)."""
+        for widget in self.messages:
+            widget.restyle()
+
     def set_empty_hint(self, text: str) -> None:
         self.empty_hint.setText(text or "Type a message below to start a conversation.")
 

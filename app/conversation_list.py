@@ -54,6 +54,7 @@ class ConversationList(QFrame):
         self.search.setPlaceholderText("Search chats")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self._filter)
+        self.search.returnPressed.connect(self._open_first_match)
         self.list = QListWidget()
         self.list.setObjectName("ConversationList")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
@@ -96,6 +97,18 @@ class ConversationList(QFrame):
                 self.list.setCurrentItem(item)
         self.list.blockSignals(False)
         self._filter(self.search.text())
+
+    def focus_search(self) -> None:
+        """Put the cursor in the search field, its text selected to type over."""
+        self.search.setFocus()
+        self.search.selectAll()
+
+    def _open_first_match(self) -> None:
+        """Enter in the search field opens the first chat it shows."""
+        shown = [self.list.item(i) for i in range(self.list.count()) if not self.list.item(i).isHidden()]
+        if shown:
+            self.list.setCurrentItem(shown[0])
+            self.list.setFocus()
 
     def current_id(self) -> str | None:
         item = self.list.currentItem()

@@ -43,10 +43,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .theme import MUTED_TEXT
+from . import theme
 
 PROGRESS_MS = 100  # how often the progress bars are updated while downloads run
-GOOD, BAD = QColor("#2e7d32"), QColor("#b3261e")
 COLUMNS = ("Model", "Download", "Memory needed", "On this computer", "Status", "")
 
 
@@ -158,7 +157,7 @@ class GetModelsDialog(QDialog):
         layout.addWidget(note)
         self.message = QLabel()
         self.message.setWordWrap(True)
-        self.message.setStyleSheet(f"color: {BAD.name()};")
+        self.message.setObjectName("ErrorText")  # the theme's sheet colours it
         self.message.hide()
         layout.addWidget(self.message)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
@@ -188,7 +187,7 @@ class GetModelsDialog(QDialog):
 
     def _fill_row(self, row: int, offer: Offer, memory_free: int, disk_free: int) -> None:
         name = QLabel(
-            f"<b>{escape(offer.name)}</b><br><span style='color:{MUTED_TEXT}'>"
+            f"<b>{escape(offer.name)}</b><br><span style='color:{theme.current().muted}'>"
             f"{escape(offer.description)} · {escape(offer.license)}</span>"
         )
         name.setContentsMargins(6, 3, 6, 3)
@@ -199,7 +198,7 @@ class GetModelsDialog(QDialog):
         state = local_state(offer)
         fits, words = machine_fit(offer, memory_free, disk_free, state.partial_bytes)
         fit = QTableWidgetItem(words)
-        fit.setForeground(GOOD if fits else BAD)
+        fit.setForeground(QColor(theme.current().good if fits else theme.current().bad))
         self.table.setItem(row, 3, fit)
         self._show_state(row, offer, state)
 

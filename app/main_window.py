@@ -36,9 +36,10 @@ from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox
 
 from omnidraft import __version__
 
-from .actions import ActionSpec, MenuSpec, install
+from .actions import ActionSpec, MenuSpec, install, shortcut_rows
 from .banner import Banner
 from .charts import ChartsPanel
+from .chat_files import ChatFiles
 from .chat_pane import ChatPane
 from .chat_session import ChatSession
 from .learning_control import LearningControl, set_checked_quietly
@@ -46,9 +47,11 @@ from .message_widget import describe_stats
 from .metrics_history import MetricsHistory
 from .model_info_dialog import ModelInfoControl
 from .settings_dialog import SettingsDialog
+from .shortcuts_dialog import ShortcutsDialog
 from .stall_monitor import StallMonitor
 from .target_control import STATUS_MS, TargetControl
 from .targets_menu import TargetsMenu
+from .theme import ThemeFollower
 from .window_layout import restore_layout, save_layout
 from .worker_bridge import WorkerBridge
 
@@ -86,8 +89,13 @@ class MainWindow(QMainWindow):
         self.charts = ChartsPanel(self.history, self.targets.name_of)
         self.learning = LearningControl(self.bridge, self.targets, self.charts, self.stall,
                                         self.settings.learning_paused, self)
+        self.files = ChatFiles(self.pane, self)
+        self.theme = ThemeFollower(self.settings.theme, self)
+        self.theme.changed.connect(lambda palette: (self.charts.set_palette(palette), self.chat.restyle()))
+        self.theme.set_choice(self.settings.theme)
         self._build_docks()
-        self.actions = install(self, self._action_table())
+        self.table = self._action_table()
+        self.actions = install(self, self.table)
         self.learning.pause_action = self.actions["pause_learning"]
         self._connect()
         for warning in [*settings_problems, *self.store.warnings, self.history.load_warning,
@@ -118,13 +126,18 @@ class MainWindow(QMainWindow):
         chat, learning = self.pane, self.learning
         return [
             ActionSpec("new_chat", "New chat", "&File", chat.new_chat, StandardKey.New),
+            *self.files.rows(),
             ActionSpec("export_png", "Export charts as PNG…", "&File", self.charts._ask_export_png, group="export"),
             ActionSpec("export_csv", "Export chart data as CSV…", "&File", self.charts._ask_export_csv,
                        group="export"),
-            ActionSpec("settings", "Settings…", "&File", self.open_settings, StandardKey.Preferences,
+            ActionSpec("settings", "Settings…", "&File", self.open_settings, "Ctrl+,",
                        group="settings"),
-            ActionSpec("quit", "Quit", "&File", self.close, StandardKey.Quit, group="quit"),
+            ActionSpec("quit", "Quit", "&File", self.close, "Ctrl+Q", group="quit"),
+            ActionSpec("search_chats", "Search chats", "&Chat", self.sidebar.focus_search, "Ctrl+K"),
             ActionSpec("stop", "Stop reply", "&Chat", chat.stop_reply, Key.Key_Escape, enabled=False),
+            ActionSpec("regenerate", "Regenerate reply", "&Chat", lambda: chat.with_chat(self.session.regenerate),
+                       "Ctrl+R"),
+            ActionSpec("switch_target", "Switch target…", "&Chat", self.targets_menu.drop_open, "Ctrl+T"),
             ActionSpec("rename_chat", "Rename chat…", "&Chat", lambda: chat.with_chat(self.sidebar.ask_rename),
                        group="chat"),
             ActionSpec("delete_chat", "Delete chat…", "&Chat", lambda: chat.with_chat(self.sidebar.ask_delete),
@@ -136,10 +149,12 @@ class MainWindow(QMainWindow):
             ActionSpec("reset_learning", "Reset personalization for this target…", "&Learning",
                        lambda: learning.reset(self), group="reset"),
             ActionSpec("restart_engine", "Restart engine", "&Learning", self.restart_engine, group="engine"),
-            ActionSpec("charts_panel", "Charts panel", "&View", action=self.charts_dock.toggleViewAction()),
+            ActionSpec("charts_panel", "Charts panel", "&View", shortcut="Ctrl+Shift+G",
+                       action=self.charts_dock.toggleViewAction()),
             ActionSpec("highlight", "Highlight text from accepted drafts", "&View",
                        lambda on: self.apply_settings({"highlight_drafts": on}),
                        checkable=True, checked=self.settings.highlight_drafts),
+            ActionSpec("shortcuts", "Keyboard shortcuts", "&Help", self.show_shortcuts, StandardKey.HelpContents),
             ActionSpec("responsiveness", "Responsiveness…", "&Help", self._show_responsiveness),
             ActionSpec("about", "About OmniDraft", "&Help", self._about),
         ]
@@ -154,7 +169,7 @@ class MainWindow(QMainWindow):
         self.session.busy_changed.connect(self.actions["stop"].setEnabled)
         self.targets.loaded.connect(self._on_loaded)
         self.targets_menu.info_requested.connect(self.model_info.ask)
-        for part in (self.targets, self.learning, self.pane):
+        for part in (self.targets, self.learning, self.pane, self.files):
             part.status.connect(self._status)
         self.learning.paused_changed.connect(
             lambda paused: self.apply_settings({"learning_paused": paused}, tell_worker=False))
@@ -278,6 +293,8 @@ class MainWindow(QMainWindow):
             self.bridge.send(UpdateSettings(self.bridge.next_id(), self.settings.to_dict()))
         self.chat.set_highlight(self.settings.highlight_drafts)
         set_checked_quietly(self.actions["highlight"], self.settings.highlight_drafts)
+        if self.settings.theme != self.theme.choice:
+            self.theme.set_choice(self.settings.theme)
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.settings, str(paths.data_dir()), self, max_context=self.targets.context_window)
@@ -308,6 +325,12 @@ class MainWindow(QMainWindow):
         self.bridge.start()
 
     # ================================================================ help
+
+    def show_shortcuts(self) -> ShortcutsDialog:
+        dialog = ShortcutsDialog(shortcut_rows(self.table, self.actions), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
 
     def _show_responsiveness(self) -> None:
         QMessageBox.information(self, "Responsiveness", "Longest time the window could not react "

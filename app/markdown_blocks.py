@@ -25,7 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-DRAFT_TINT = QColor("#dff3e4")  # soft green: "this text was proposed by the drafter and accepted"
+from . import theme
+
 _FENCE = re.compile(r"^[ \t]{0,3}(```+|~~~+)[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
 
@@ -127,7 +128,8 @@ class AutoHeightBrowser(QTextBrowser):
 
     def tint(self, runs: list[tuple[int, int]]) -> None:
         fmt = QTextCharFormat()
-        fmt.setBackground(DRAFT_TINT)
+        # Soft green, "this text was proposed by the drafter and accepted", in the theme's shade.
+        fmt.setBackground(QColor(theme.current().draft_tint))
         cursor = QTextCursor(self.document())
         for a, b in runs:
             cursor.setPosition(a)
@@ -146,7 +148,8 @@ def copy_button(get_text, tooltip: str) -> QToolButton:
     def clicked() -> None:
         QGuiApplication.clipboard().setText(get_text())
         button.setText("Copied")
-        QTimer.singleShot(1200, lambda: button.setText("Copy"))
+        # Tied to the button: a chat switched within the moment deletes it first.
+        QTimer.singleShot(1200, button, lambda: button.setText("Copy"))
 
     button.clicked.connect(clicked)
     return button

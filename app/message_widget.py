@@ -97,7 +97,9 @@ class MessageWidget(QFrame):
 
         self.author = QLabel(author)
         self.author.setObjectName("Author")
-        self.copy = copy_button(lambda: self.raw, "Copy this message")
+        # The raw text: a reply's Markdown source, fences and all, as the model wrote it.
+        self.copy = copy_button(lambda: self.raw, "Copy this message" if role == "user" else
+                                "Copy this reply as Markdown")
         # Users type plain text; replies are markdown.
         self.body = ReplyBody(markdown=role != "user")
         self.note = QLabel()
@@ -234,6 +236,11 @@ class MessageWidget(QFrame):
         if on != self.highlight:
             self.highlight = on
             self.body.reset()  # the tint is baked into the rendered blocks
+            self._render()
+
+    def restyle(self) -> None:
+        if self.highlight:
+            self.body.reset()  # the tint's colour is baked into the rendered blocks
             self._render()
 
     def set_note(self, text: str | None) -> None:

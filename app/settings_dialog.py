@@ -14,6 +14,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
@@ -31,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 DEFAULT_GAMMA = 0.3  # the paper's value for chat and summaries
+THEMES = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 MAX_CONTEXT = 131072  # the setting's range (core.storage.settings) while no model says less
 
 
@@ -122,6 +124,15 @@ class SettingsDialog(QDialog):
         form.addRow("Start after idle for", self.idle_delay)
         form.addRow("Learner threads", self.threads)
 
+        self.theme = QComboBox()
+        self.theme.setObjectName("ThemeChoice")
+        for key, label in THEMES.items():
+            self.theme.addItem(label, key)
+        self.theme.setCurrentIndex(max(0, self.theme.findData(settings.theme)))
+        self.theme.setToolTip("Light or dark; following the system switches with the desktop's setting")
+        appearance = QGroupBox("Appearance")
+        QFormLayout(appearance).addRow("Theme", self.theme)
+
         self.data_folder = QLineEdit(data_folder)
         self.data_folder.setReadOnly(True)
         open_folder = QPushButton("Open folder")
@@ -147,7 +158,7 @@ class SettingsDialog(QDialog):
 
         layout = QVBoxLayout(self)
         layout.setSpacing(12)
-        for box in (generation, drafting, learning, data):
+        for box in (generation, drafting, learning, appearance, data):
             layout.addWidget(box)
         layout.addWidget(buttons)
         self._enable()
@@ -172,6 +183,7 @@ class SettingsDialog(QDialog):
             "learner_threads": self.threads.value(),
             "system_prompt": self.system_prompt.toPlainText().strip(),
             "context_tokens": self.context.value(),
+            "theme": self.theme.currentData(),
         }
 
     def changes(self) -> dict:

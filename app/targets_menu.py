@@ -98,6 +98,12 @@ class TargetsMenu(QMenu):
         self.addAction("Add local model folder…", self.ask_add_folder)
         self.addAction("Add local GGUF file…", self.ask_add_file)
 
+    def drop_open(self) -> None:
+        """Open this menu from the window's menu bar, so the keyboard can pick a model."""
+        window = self.parentWidget()
+        if window is not None and hasattr(window, "menuBar"):
+            window.menuBar().setActiveAction(self.menuAction())
+
     def checked_id(self) -> str | None:
         action = self._group.checkedAction()
         return action.data() if action else None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from contextlib import contextmanager
 
-from omnidraft.core.worker.protocol import TurnDone
+from omnidraft.core.worker.protocol import TokenBatch, TurnDone
 from PySide6.QtCore import Qt
 
 WAIT_MS = 60_000  # generous: the 2-core machine is shared; real waits are ~1-5 s
@@ -94,3 +95,31 @@ class ScriptedWorker(IdleWorker):
 
     def next_id(self) -> int:
         return next(self._ids)
+
+
+@contextmanager
+def scripted_window(qapp, model_id: str = "model-a", name: str = "Model A"):
+    """A window on a ScriptedWorker with one model loaded; yields (window, worker)."""
+    from omnidraft.app.main_window import MainWindow
+    from omnidraft.core.models.catalog import ModelEntry
+    from omnidraft.core.worker.protocol import ModelLoaded, WorkerReady
+
+    worker = ScriptedWorker()
+    win = MainWindow(target=model_id, handle=worker)
+    win.on_event(WorkerReady(1, [ModelEntry(model_id, name, "/" + model_id)]))
+    win.on_event(ModelLoaded(worker.sent[-1].request_id, model_id, name, 0.1, None))
+    try:
+        yield win, worker
+    finally:
+        win.close()
+        dispose(qapp, win)
+
+
+def answer(win, worker, text: str, reason: str = "eos", drafted: bool = False) -> None:
+    """Play the engine's reply to the last chat request: the text (from accepted
+    drafts or not), then its end."""
+    from omnidraft.core.worker.protocol import ChatRequest
+
+    request = [r for r in worker.sent if isinstance(r, ChatRequest)][-1]
+    win.on_event(TokenBatch(request.request_id, [(text, drafted)]))
+    win.on_event(TurnDone(request.request_id, text, reason, None, win.targets.current, None))

@@ -89,3 +89,16 @@ def test_corrupt_file_gives_defaults_warning_and_is_kept_aside(home, content):
     assert len(problems) == 1 and "damaged" in problems[0]
     assert not settings_path().exists()
     assert (settings_path().parent / "settings.json.corrupt").read_bytes() == content.encode("latin-1")
+
+
+def test_theme_follows_the_system_by_default_and_old_files_still_load(home):
+    assert Settings().theme == "system"
+    path = settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"temperature": 0.5}))  # written before themes existed
+    settings, problems = load_settings()
+    assert (settings.theme, settings.temperature, problems) == ("system", 0.5, [])
+    dark, problems = settings.updated(theme="dark")
+    assert dark.theme == "dark" and not problems
+    wrong, problems = settings.updated(theme="purple")
+    assert wrong.theme == "system" and "theme" in problems[0]

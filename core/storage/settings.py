@@ -32,6 +32,7 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 _FREE_TEXTS = {"system_prompt"}  # texts that may be empty
+_CHOICES = {"theme": ("system", "light", "dark")}  # texts that must be one of these
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Settings:
     # Context length in tokens (conversation and reply); 0 = the model's. The model's
     # own window bounds it (Engine.context_window).
     context_tokens: int = 0
+    theme: str = "system"  # "system" follows the desktop's light or dark scheme; or "light", "dark"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -89,6 +91,10 @@ def _check(name: str, value: Any, default: Any) -> tuple[Any, str | None]:
         if isinstance(value, bool):
             return value, None
         return default, f"Setting '{name}' must be true or false; using {default}."
+    if name in _CHOICES:
+        if value in _CHOICES[name]:
+            return value, None
+        return default, f"Setting '{name}' must be one of {', '.join(_CHOICES[name])}; using '{default}'."
     if name in _FREE_TEXTS:
         if isinstance(value, str):
             return value.strip(), None
