@@ -371,11 +371,11 @@ class Engine:
             # Its tokenizer may need more tokens than the target's for the same text.
             drafter_prefix = self.drafter.fit_prefix(drafter_prefix, cfg.max_new_tokens + self.draft_settings.k)
             events = generate_speculative(
-                t.model, t.tokenizer, self.drafter, self.bridge, ids, drafter_prefix,
+                t.runner, t.tokenizer, self.drafter, self.bridge, ids, drafter_prefix,
                 cfg, stops, self.spec_options, should_stop, self.draft_policy, learn_policy=not self.evaluating,
             )
         else:
-            events = generate_plain(t.model, t.tokenizer, ids, cfg, stops, should_stop)
+            events = generate_plain(t.runner, t.tokenizer, ids, cfg, stops, should_stop)
         saved = OrderedDict(self.bridge.cache.entries) if self.evaluating and self.bridge else None
         try:
             for event in events:

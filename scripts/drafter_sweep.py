@@ -20,11 +20,9 @@ from pathlib import Path
 
 import torch
 from omnidraft.core.decoding.drafter import Drafter, DraftSettings
-from omnidraft.core.decoding.plain import forward
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished
-from transformers import DynamicCache
 
 CANDIDATES = [
     # (layers kept, int8 weights, draft length k, prompt lookup, min drafter confidence)
@@ -49,13 +47,12 @@ def step_ms(fn, n=15) -> float:
 
 
 def target_step_ms(engine: Engine) -> float:
-    model = engine.target.model
-    cache = DynamicCache()
-    forward(model, list(range(100, 228)), cache)
+    session = engine.target.runner.session()
+    session.forward(list(range(100, 228)))
 
     def one():
-        forward(model, [7], cache)
-        cache.crop(-1)
+        session.forward([7])
+        session.crop(1)
 
     return step_ms(one)
 

@@ -25,6 +25,7 @@ from omnidraft.core.learning.adapters import HEAD_FILE, AdapterStore
 from omnidraft.core.learning.distillation import aligned_segments
 from omnidraft.core.learning.learner import Learner
 from omnidraft.core.learning.replay_buffer import ReplayBuffer
+from omnidraft.core.models.target_runtime import TargetRunner
 from omnidraft.core.storage.secure_store import KeyStore
 
 from tests.distill_helpers import PROMPT, REPLIES, cross_bridge, learnable_drafter, make_sample
@@ -111,9 +112,9 @@ def test_a_head_that_stops_drafting_early_changes_no_token(cross, gemma_tok):
     try:
         for prompt in PROMPTS:
             ids = gemma_tok(prompt)["input_ids"]
-            plain = list(generate_plain(target, gemma_tok, ids, cfg, set()))[-1]
+            plain = list(generate_plain(TargetRunner(target), gemma_tok, ids, cfg, set()))[-1]
             drafter.head = _head(width, -8.0)
-            events = generate_speculative(target, gemma_tok, drafter, bridge, ids, drafter.tokenizer(prompt)["input_ids"],
+            events = generate_speculative(TargetRunner(target), gemma_tok, drafter, bridge, ids, drafter.tokenizer(prompt)["input_ids"],
                                           cfg, set(), SpecOptions(prompt_lookup=False))
             spec = list(events)[-1]
             assert spec.token_ids == plain.token_ids and spec.text == plain.text

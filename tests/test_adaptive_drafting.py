@@ -13,6 +13,7 @@ from omnidraft.core.decoding.adaptive_drafting import (
 )
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.decoding.speculative import SpecOptions, generate_speculative
+from omnidraft.core.models.target_runtime import TargetRunner
 from omnidraft.core.storage.persistence import CorruptStateError
 from omnidraft.core.storage.secure_store import MAGIC, save_encrypted
 
@@ -79,7 +80,7 @@ def test_decoding_records_each_source_and_stays_lossless_when_lookups_are_refuse
     plain = run_plain(target, gemma_tok, prompt, cfg)
 
     def run(policy, learn=True):
-        return list(generate_speculative(target, gemma_tok, drafter, bridge, ids, prefix, cfg, set(),
+        return list(generate_speculative(TargetRunner(target), gemma_tok, drafter, bridge, ids, prefix, cfg, set(),
                                          SpecOptions(), policy=policy, learn_policy=learn))[-1]
 
     learning = DraftPolicy()

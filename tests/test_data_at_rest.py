@@ -24,7 +24,7 @@ from omnidraft.core.storage import paths
 from omnidraft.core.storage.conversations import ConversationStore
 from omnidraft.core.storage.secure_store import save_encrypted
 
-from tests.tiny import LEARN_PROMPTS, learning_engine
+from tests.tiny import LEARN_PROMPTS, drafter_prediction, learning_engine
 
 SECRET = "My bank passphrase is Quixotic-Marmalade-93817, keep it safe."
 
@@ -148,7 +148,7 @@ def _learned(target_dir: Path) -> tuple[Engine, torch.Tensor, Path]:
     for p in LEARN_PROMPTS:
         _chat(engine, p)
     _learn(engine)
-    return engine, engine.drafter.net.layers[0][1].clone(), engine.adapters.folder(engine.target.entry.id)
+    return engine, drafter_prediction(engine), engine.adapters.folder(engine.target.entry.id)
 
 
 def test_non_numeric_adapter_steps_are_set_aside_and_learning_goes_on(home, target_dir):
@@ -159,7 +159,7 @@ def test_non_numeric_adapter_steps_are_set_aside_and_learning_goes_on(home, targ
     (folder / LEGACY_META_FILE).write_text(json.dumps({"target_id": "x", "steps": "many", "samples": 3}))
 
     again = _engine(target_dir)
-    assert torch.equal(again.drafter.net.layers[0][1], learned)  # the weights are kept
+    assert torch.equal(drafter_prediction(again), learned)  # the weights are kept
     for p in LEARN_PROMPTS:
         _chat(again, p)
     progress = again.idle_step()  # before: ValueError at every learner step
@@ -174,7 +174,7 @@ def test_a_crash_between_the_adapter_saves_renames_loses_nothing(home, target_di
     folder.rename(folder.with_name(f".{folder.name}.old"))  # as if killed between the renames
 
     again = _engine(target_dir)  # before: the drafter ran unlearned, the steps restarted
-    assert torch.equal(again.drafter.net.layers[0][1], learned)
+    assert torch.equal(drafter_prediction(again), learned)
     assert again._learner().steps == steps > 0
     assert folder.is_dir() and not folder.with_name(f".{folder.name}.old").exists()
 

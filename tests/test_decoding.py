@@ -6,6 +6,7 @@ from omnidraft.core.decoding.plain import generate_plain
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.events import TokenChunk, TurnFinished
 from omnidraft.core.models.chat_format import encode_chat, encode_text, stop_token_ids
+from omnidraft.core.models.target_runtime import TargetRunner
 
 from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen2
 
@@ -14,7 +15,7 @@ PROMPT = "def fibonacci(n):\n    "
 
 def _run(model, tok, cfg, stop_ids=frozenset(), cancel=lambda: False, prompt=PROMPT):
     ids = tok(prompt)["input_ids"]
-    events = list(generate_plain(model, tok, ids, cfg, set(stop_ids), cancel))
+    events = list(generate_plain(TargetRunner(model), tok, ids, cfg, set(stop_ids), cancel))
     assert isinstance(events[-1], TurnFinished)
     chunks = [e.text for e in events if isinstance(e, TokenChunk)]
     return events[-1], "".join(chunks), ids

@@ -10,7 +10,7 @@ from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished
 from omnidraft.core.models.catalog import ModelCatalog
 
-from tests.tiny import tiny_gemma3
+from tests.tiny import drafter_prediction, tiny_gemma3
 
 PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
 
@@ -50,7 +50,7 @@ def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
         _reply(engine, p, speculative=True)
     assert len(engine.buffer) == len(PROMPTS)
     assert (engine.state_dir(target_id) / "replay.bin").exists()
-    before = engine.drafter.net.layers[0][1].clone()
+    before = drafter_prediction(engine)
 
     progress = []
     while (p := engine.idle_step()) is not None and p.state == "running":
@@ -61,7 +61,7 @@ def test_turns_are_recorded_then_learned_in_idle_steps(home, target_dir):
     assert len(engine.buffer) == 0  # its passes done, the buffer is cleared
     assert engine.adapters.has_saved(target_id)
     # The learned adapter now drafts: the lean drafter's weights changed.
-    assert not torch.equal(engine.drafter.net.layers[0][1], before)
+    assert not torch.equal(drafter_prediction(engine), before)
 
     # Learning changes speed, never answers.
     for p in PROMPTS:
@@ -75,7 +75,7 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
         _reply(engine, p, speculative=True)
     while (p := engine.idle_step()) is not None and p.state == "running":
         pass
-    learned = engine.drafter.net.layers[0][1].clone()
+    learned = drafter_prediction(engine)
     cache_entries = dict(engine.bridge.cache.entries)
     sources = engine.draft_policy.summary()
     assert sources  # every speculative step was measured for adaptive drafting
@@ -85,7 +85,7 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
     assert head["labels_seen"] > 0  # the acceptance head learned from the same turns
 
     again = _engine(home, target_dir)
-    assert torch.equal(again.drafter.net.layers[0][1], learned)
+    assert torch.equal(drafter_prediction(again), learned)
     assert all(torch.equal(a, b) for a, b in zip(again.drafter.head.state().values(), head.values()))
     assert dict(again.bridge.cache.entries) == cache_entries
     assert again.draft_policy.summary() == sources
@@ -94,7 +94,7 @@ def test_learned_state_survives_a_restart_and_reset_forgets_it(home, target_dir)
     assert not again.adapters.has_saved(target_id)
     assert len(again.buffer) == 0 and len(again.bridge.cache) == 0 and not again.draft_policy.stats
     assert not again.state_dir(target_id).exists()
-    assert not torch.equal(again.drafter.net.layers[0][1], learned)
+    assert not torch.equal(drafter_prediction(again), learned)
     assert again.drafter.head.labels_seen == 0
 
 
@@ -113,16 +113,16 @@ def test_a_request_during_the_drafter_refresh_does_not_wait_for_it(home, target_
     engine = _engine(home, target_dir)
     for p in PROMPTS:
         _reply(engine, p, speculative=True)
-    before = engine.drafter.net.layers[0][1].clone()
+    before = drafter_prediction(engine)
     request_at_refresh = lambda: engine._drafter_stale
     while not engine._drafter_stale:
         assert engine.idle_step(should_stop=request_at_refresh).state == "running"
-    assert torch.equal(engine.drafter.net.layers[0][1], before)  # still the old weights
+    assert torch.equal(drafter_prediction(engine), before)  # still the old weights
     reply = _reply(engine, PROMPTS[0], speculative=True)  # served meanwhile, with them
     assert reply.stats.new_tokens > 0
     p = engine.idle_step()
     assert p.state == "running" and not engine._drafter_stale
-    assert not torch.equal(engine.drafter.net.layers[0][1], before)
+    assert not torch.equal(drafter_prediction(engine), before)
 
 
 def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, tmp_path, gemma_tok):

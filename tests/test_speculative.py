@@ -8,6 +8,7 @@ from omnidraft.core.decoding.speculative import SpecOptions, generate_speculativ
 from omnidraft.core.decoding.vocab_bridge import VocabBridge
 from omnidraft.core.events import TokenChunk, TurnFinished
 from omnidraft.core.models.lean_llama import LeanLlama
+from omnidraft.core.models.target_runtime import TargetRunner
 
 from tests.tiny import PROMPTS, lean_drafter, run_plain, tiny_llama, tiny_qwen2
 
@@ -15,7 +16,7 @@ from tests.tiny import PROMPTS, lean_drafter, run_plain, tiny_llama, tiny_qwen2
 def _run_spec(target, ttok, drafter, bridge, prompt, cfg, **opts):
     ids = ttok(prompt)["input_ids"]
     prefix = ids if bridge.same_vocab else drafter.tokenizer(prompt)["input_ids"]
-    events = list(generate_speculative(target, ttok, drafter, bridge, ids, prefix, cfg, set(), SpecOptions(**opts)))
+    events = list(generate_speculative(TargetRunner(target), ttok, drafter, bridge, ids, prefix, cfg, set(), SpecOptions(**opts)))
     done = events[-1]
     assert isinstance(done, TurnFinished)
     assert "".join(e.text for e in events if isinstance(e, TokenChunk)) == done.text
@@ -102,7 +103,7 @@ def test_speculative_sampling_matches_the_target_distribution(smol_tok):
     n = 400
     for seed in range(n):
         cfg.seed = seed
-        done = list(generate_speculative(target, smol_tok, drafter, bridge, ids, ids, cfg, set(), SpecOptions(prompt_lookup=False)))[-1]
+        done = list(generate_speculative(TargetRunner(target), smol_tok, drafter, bridge, ids, ids, cfg, set(), SpecOptions(prompt_lookup=False)))[-1]
         if done.token_ids[0] in counts:
             counts[done.token_ids[0]] += 1
     for tok in top:  # within 4 standard deviations of the target's probability
@@ -116,7 +117,7 @@ def test_cancel_stops_between_steps(cross, gemma_tok):
     prefix = drafter.tokenizer(PROMPTS[0])["input_ids"]
     seen = []
     events = generate_speculative(
-        target, gemma_tok, drafter, bridge, ids, prefix, GenerationConfig(max_new_tokens=200), set(),
+        TargetRunner(target), gemma_tok, drafter, bridge, ids, prefix, GenerationConfig(max_new_tokens=200), set(),
         should_stop=lambda: len(seen) >= 2,
     )
     for e in events:
@@ -163,7 +164,7 @@ def test_first_text_streams_before_the_drafter_reads_the_prompt(cross, gemma_tok
     monkeypatch.setattr(drafter, "start", lambda prefix, _orig=drafter.start: (started.append(1), _orig(prefix)))
     ids = gemma_tok(PROMPTS[1])["input_ids"]
     prefix = drafter.tokenizer(PROMPTS[1])["input_ids"]
-    events = generate_speculative(target, gemma_tok, drafter, bridge, ids, prefix,
+    events = generate_speculative(TargetRunner(target), gemma_tok, drafter, bridge, ids, prefix,
                                   GenerationConfig(max_new_tokens=12), set(), SpecOptions(prompt_lookup=False))
     first = next(e for e in events if isinstance(e, TokenChunk))
     assert first.text and not started

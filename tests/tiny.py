@@ -137,12 +137,19 @@ def lean_drafter(model, tokenizer, **settings):
     return Drafter(loaded, DraftSettings(**{"int8": False, "min_confidence": 0.0, **settings}), max_len=512)
 
 
+def drafter_prediction(engine):
+    """What the engine's drafter predicts after a fixed context: it changes when,
+    and only when, the weights it drafts with change."""
+    return engine.drafter.score(list(range(5, 25)))
+
+
 def run_plain(model, tokenizer, prompt: str, cfg):
     """Plain decoding's TurnFinished for a raw prompt: the reference output."""
     from omnidraft.core.decoding.plain import generate_plain
+    from omnidraft.core.models.target_runtime import TargetRunner
 
     ids = tokenizer(prompt)["input_ids"]
-    return list(generate_plain(model, tokenizer, ids, cfg, set()))[-1]
+    return list(generate_plain(TargetRunner(model), tokenizer, ids, cfg, set()))[-1]
 
 
 def tiny_gemma_target(folder: Path, gemma_tok) -> Path:

@@ -30,7 +30,7 @@ _WHITESPACE = b" \t\n\r\x0b\x0c"
 class DraftSettings:
     k: int = 4  # drafter tokens per step
     num_layers: int | None = None  # None = all of the drafter's layers
-    int8: bool = True  # weight-only int8 for the drafting steps (bf16 only)
+    int8: bool = True  # int8 weights (row-scaled dynamic int8, as the target's)
     # Stop drafting early once the drafter's own top probability falls below this
     # (chosen by scripts/drafter_sweep.py, see docs/drafter.md).
     min_confidence: float = 0.5
@@ -91,6 +91,15 @@ class Drafter:
         n = self.settings.num_layers or self.loaded.model.config.num_hidden_layers
         quant = "int8 weights" if self.net.int8 else str(self.net.dtype).replace("torch.", "")
         return f"{self.loaded.entry.name}, {n} layers, {quant}, k={self.settings.k}"
+
+    def score(self, ids: list[int]) -> torch.Tensor:
+        """The drafter's next-token logits after ids, from an empty context (what
+        its current weights predict; the next sync rebuilds the drafting context)."""
+        self.net.reset()
+        self.cached, self.context, self._logits = [], [], None
+        logits, _ = self.net.forward(ids, last=1)
+        self.net.reset()
+        return logits[-1].clone()
 
     # --------------------------------------------------------------- context
     def fit_prefix(self, prefix_ids: list[int], reply_room: int) -> list[int]:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-import torch
-from transformers import DynamicCache
-
 from ..events import TokenChunk, TurnFinished, TurnStats
+from ..models.target_runtime import TargetRunner
 from ..stopping import ShouldStop, never
 from .sampling import GenerationConfig, pick
 
@@ -88,16 +86,6 @@ def _merge(chunks: list[TokenChunk]) -> list[TokenChunk]:
     return out
 
 
-@torch.inference_mode()
-def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache, last: int = 0) -> torch.Tensor:
-    """Logits for ids appended after what the cache holds: [len(ids), vocab], or
-    only the last `last` rows (a prompt needs just one; Gemma's 262k-word head
-    over every prompt position would cost more than the rest of the model)."""
-    x = torch.as_tensor(ids, dtype=torch.long).view(1, -1)
-    out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=last)
-    return out.logits[0]
-
-
 class Turn:
     """One reply's bookkeeping, the same around every decode loop: its stats, the
     stream of its text, the sampling generator (seeded once per reply), its clock,
@@ -117,7 +105,7 @@ class Turn:
 
 
 def generate_plain(
-    model,
+    target: TargetRunner,
     tokenizer,
     prompt_ids: list[int],
     cfg: GenerationConfig,
@@ -125,13 +113,13 @@ def generate_plain(
     should_stop: ShouldStop = never,
 ) -> Iterator[TokenChunk | TurnFinished]:
     turn = Turn("target", tokenizer, prompt_ids, cfg, stop_ids)
-    cache = DynamicCache()
-    logits = forward(model, prompt_ids, cache, last=1)[-1]
+    session = target.session()
+    logits = session.forward(prompt_ids, last=1)[-1]
     while not should_stop():
         tok = pick(logits, cfg, turn.gen)
         yield from turn.stream.push([tok])
         if turn.stream.reason:
             break
-        logits = forward(model, [tok], cache)[-1]
+        logits = session.forward([tok])[-1]
         turn.stats.steps += 1
     yield turn.finished()

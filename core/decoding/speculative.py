@@ -22,14 +22,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from transformers import DynamicCache
-
 from ..events import TokenChunk, TurnFinished, TurnStats
 from ..learning.acceptance_head import proposal_chances
+from ..models.target_runtime import TargetRunner
 from ..stopping import ShouldStop, never
 from .adaptive_drafting import DRAFTER, DraftPolicy, lookup_source
 from .drafter import Draft, Drafter
-from .plain import Turn, forward
+from .plain import Turn
 from .prompt_lookup import lookup
 from .sampling import GenerationConfig, pick
 from .verification import verify_greedy, verify_sampling
@@ -72,7 +71,7 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        target,
+        target: TargetRunner,
         drafter: Drafter,
         bridge: VocabBridge,
         prompt_ids: list[int],
@@ -82,15 +81,14 @@ class SpeculativeDecoder:
         options: SpecOptions,
         policy: DraftPolicy | None,
     ):
-        self.target, self.drafter, self.bridge = target, drafter, bridge
+        self.drafter, self.bridge = drafter, bridge
         self.cfg, self.gen, self.options, self.policy = cfg, gen, options, policy
         self.prompt_len = len(prompt_ids)
         self.drafter_prefix = drafter_prefix
         self.context = list(prompt_ids)
         self.pending: int | None = None  # the newest accepted token, not yet in the target's cache
         self.synced: int | None = None  # context tokens the drafter has read (None: not started)
-        self.cache = DynamicCache()
-        self.cache.activate_past_recording()  # lets sliding-window layers roll back too
+        self.session = target.session()  # the target's KV cache for this reply
         # Greedy verification needs no draft probabilities, so the drafted text can be
         # re-tokenized by the target and the drafter's context healed (see
         # VocabBridge.propose_text); sampling keeps the paper's token mapping (Eq. 1-2).
@@ -98,7 +96,7 @@ class SpeculativeDecoder:
 
     def prefill(self) -> int:
         """The prompt's forward; it picks the first reply token."""
-        logits = forward(self.target, self.context, self.cache, last=1)[-1]
+        logits = self.session.forward(self.context, last=1)[-1]
         return pick(logits, self.cfg, self.gen)
 
     def propose(self, k: int) -> Proposals:
@@ -145,7 +143,7 @@ class SpeculativeDecoder:
         first rejection, or the bonus token when all are accepted). The cache
         forgets the rejected ones."""
         t = proposals.tokens
-        logits = forward(self.target, [self.pending] + t, self.cache)
+        logits = self.session.forward([self.pending] + t)
         if self.cfg.greedy:
             n, token = verify_greedy(t, logits)
         else:
@@ -156,7 +154,7 @@ class SpeculativeDecoder:
                     proposals.draft, proposals.spans[i], t[i], proposals.q_prime[i], vocab
                 ),
             )
-        self.cache.crop(-(len(t) - n))
+        self.session.crop(len(t) - n)
         return n, token
 
     def accept(self, new: list[int]) -> None:
@@ -171,7 +169,7 @@ class SpeculativeDecoder:
 
 
 def generate_speculative(
-    target,
+    target: TargetRunner,
     target_tokenizer,
     drafter: Drafter,
     bridge: VocabBridge,

@@ -1,19 +1,84 @@
-"""A lean forward pass for Llama-architecture drafters.
+"""A lean forward pass for Llama-architecture decoders (Llama, Qwen2): the drafter,
+and Llama or Qwen2 targets.
 
-Why: on this CPU a transformers eager forward of SmolLM2-135M costs ~67 ms for
-one token, mostly Python and per-op overhead, about 0.8 of a Gemma-3-270M
-step, which makes speculation slower than plain decoding. Here each layer is
-a handful of large ops (fused QKV and gate/up projections, one SDPA call), the
-KV cache is preallocated, and rolling back rejected drafts just moves a length
-pointer. The LM head can be restricted to the token ids a target can use.
+Why: on this CPU a transformers eager forward is mostly Python and per-op
+overhead: SmolLM2-135M costs ~67 ms for one token there, and the int8
+Qwen2.5-Coder-1.5B target spends ~15 ms of an ~86 ms step outside its matrix
+products. Here each layer is a handful of large ops (one attention call, fused
+RMSNorm), the KV cache is one buffer grown on demand, and rolling back rejected
+tokens just moves a length pointer.
+
+Two ways to hold the weights:
+* the drafter's (LeanLlama(...)): fused QKV and gate/up projections copied from
+  the model, in int8 (see DraftLinear) or dense, replaceable by a target's
+  adapter (set_weights); the LM head can be restricted to the token ids a
+  target can use;
+* a target's (LeanLlama.sharing(model)): the model's own linear modules called as
+  they are (its int8 layers from core/models/quantize.py), so no second copy of
+  the weights exists and transformers' forward of the same model (the learner,
+  the benchmark's `hf`) computes with the very same weights; activations and
+  the KV cache in float32.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
+from .quantize import int8_mm, pack_int8
+
+ARCHITECTURES = ("llama", "qwen2")
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_KV_GROWTH = 256  # tokens the KV buffer grows by at least (it doubles up to max_len)
+
+Projection = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
+
+
+def supports(config) -> str | None:
+    """Why this model cannot run lean (None: it can): an architecture, attention or
+    position scheme LeanLlama does not implement."""
+    if config.model_type not in ARCHITECTURES:
+        return f"architecture '{config.model_type}'"
+    if getattr(config, "use_sliding_window", False) or any(
+        t != "full_attention" for t in getattr(config, "layer_types", None) or []
+    ):
+        return "sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation '{config.hidden_act}'"
+    return None
+
+
+class DraftLinear:
+    """y = x W^T (+ b) for the drafter: dense in its dtype, or (int8) through the
+    same row-scaled int8 GEMM as the target (core/models/quantize.py), whose cost
+    is flat in the rows: the drafter's one-token steps and the few-token re-syncs
+    after each verification cost about the same (docs/drafter.md)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool):
+        self.bias = bias
+        self.weight = None if int8 else weight  # an int8 layer keeps only its packed copy
+        self.packed = pack_int8(weight) if int8 else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            y = int8_mm(x, self.packed).to(x.dtype)
+        else:
+            y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
+
+
+class _Joined:
+    """Several of the model's own projections of one input, side by side (the
+    target's q/k/v and gate/up, kept as the model holds them)."""
+
+    def __init__(self, *parts: Projection):
+        self.parts = parts
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
 class LeanLlama:
@@ -26,84 +91,103 @@ class LeanLlama:
         dtype: torch.dtype | None = None,
         int8: bool = False,
         weights: dict[str, torch.Tensor] | None = None,
+        share: bool = False,
     ):
-        """weights: state-dict entries that replace the model's own (a target's
-        adapter merged into the projections)."""
+        """The drafter's runtime (see the module docstring); share=True is the
+        target's (use LeanLlama.sharing). weights: state-dict entries that replace
+        the model's own (a target's adapter merged into the projections)."""
         cfg = hf_model.config
-        if cfg.model_type != "llama":
-            raise ValueError(f"LeanLlama runs Llama models, not '{cfg.model_type}'")
+        why = supports(cfg)
+        if why:
+            raise ValueError(f"LeanLlama cannot run this model: {why}")
         inner = hf_model.model
-        self.dtype = dtype or next(hf_model.parameters()).dtype
+        self.share = share
+        self.int8 = int8 and not share
+        # An int8 drafter computes in float32 between its int8 products: the
+        # kernel takes and returns float32, and casting to bf16 would only add ops.
+        self.dtype = torch.float32 if self.int8 else dtype or next(hf_model.parameters()).dtype
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.eps = cfg.rms_norm_eps
-        layers = inner.layers[: num_layers or len(inner.layers)]
-
         self._inner = inner
-        # Weight-only int8 copies of the big matrices for 1-2 token steps: drafting is
-        # memory-bound and int8 weights are half the bytes of bf16 (see
-        # docs/drafter.md for the measured step times). Prefill keeps the dense path,
-        # where the int8 kernel is slower.
-        self.int8 = int8 and self.dtype == torch.bfloat16
-        self.embed = self._w(inner.embed_tokens.weight)
-        self.layers = [self._layer(i, weights or {}) for i in range(len(layers))]
-        self.q_layers = [self._quantized(layer) for layer in self.layers] if self.int8 else []
+        self._n_layers = min(num_layers or len(inner.layers), len(inner.layers))
+        # The target calls its embedding module, as transformers does (a forward
+        # hook on it counts target forwards: the benchmark's step counter).
+        if share:
+            self.embed: Projection = inner.embed_tokens
+        else:
+            table = self._w(inner.embed_tokens.weight)
+            self.embed = lambda ids: table[ids]
+        self.layers = [self._layer(i, weights or {}) for i in range(self._n_layers)]
         self.final_norm = self._w(inner.norm.weight)
-        head = hf_model.get_output_embeddings().weight
+        head = hf_model.get_output_embeddings()
         # head_ids: drafter token ids kept in the LM head; logits come back in that order.
         self.head_ids = head_ids
-        self.head = self._w(head if head_ids is None else head[head_ids])
-        self.q_head = _int8(self.head) if self.int8 else None
+        if share:
+            self.head: Projection = self._own(head)
+        else:
+            w = head.weight if head_ids is None else head.weight[head_ids]
+            self.head = DraftLinear(self._w(w), None, self.int8)
         self.max_len = max_len
-        shape = (len(self.layers), 2, self.n_kv, max_len, self.head_dim)
-        self.kv = torch.zeros(shape, dtype=self.dtype)
+        self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.dtype)
+        self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
         self.length = 0
-        theta = cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
-        inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
-        angles = torch.outer(torch.arange(max_len).float(), inv_freq)
-        emb = torch.cat([angles, angles], dim=-1)
-        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @classmethod
+    def sharing(cls, hf_model, max_len: int, dtype: torch.dtype = torch.float32) -> LeanLlama:
+        """A target's runtime over the model's own linear modules (see the module docstring)."""
+        return cls(hf_model, max_len=max_len, dtype=dtype, share=True)
+
+    def _own(self, module) -> Projection:
+        """One of the model's own projections, called from this runtime's activations:
+        int8 layers take any dtype; a float layer (one too small to quantize) gets
+        its own, and its output comes back in ours."""
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dtype != self.dtype:
+            return lambda x: module(x.to(weight.dtype)).to(self.dtype)
+        return module
 
     def _w(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(self.dtype).contiguous()
 
     def _layer(self, i: int, weights: dict[str, torch.Tensor]) -> tuple:
-        """Layer i's (norm, fused qkv, o, norm, fused gate/up, down); weights
-        replace the model's projections by state-dict name."""
+        """Layer i's (norm, qkv, o, norm, gate/up, down); weights replace the
+        model's projections by state-dict name."""
         layer = self._inner.layers[i]
+        attn, mlp = layer.self_attn, layer.mlp
+        norms = self._w(layer.input_layernorm.weight), self._w(layer.post_attention_layernorm.weight)
+        if self.share:
+            own = self._own
+            return (norms[0], _Joined(own(attn.q_proj), own(attn.k_proj), own(attn.v_proj)), own(attn.o_proj),
+                    norms[1], _Joined(own(mlp.gate_proj), own(mlp.up_proj)), own(mlp.down_proj))
 
-        def proj(part: str) -> torch.Tensor:
-            module = getattr(layer.self_attn if part in _ATTN else layer.mlp, part)
-            base = getattr(module, "base_layer", module)  # under a peft LoRA wrapper
-            name = f"model.layers.{i}.{'self_attn' if part in _ATTN else 'mlp'}.{part}.weight"
-            return self._w(weights.get(name, base.weight))
+        def fused(*parts: str) -> DraftLinear:
+            ws, bs = [], []
+            for part in parts:
+                owner = "self_attn" if part in _ATTN else "mlp"
+                module = getattr(attn if part in _ATTN else mlp, part)
+                base = getattr(module, "base_layer", module)  # under a peft LoRA wrapper
+                ws.append(self._w(weights.get(f"model.layers.{i}.{owner}.{part}.weight", base.weight)))
+                bs.append(base.bias)
+            bias = None if all(b is None for b in bs) else torch.cat(
+                [self._w(b) if b is not None else torch.zeros(w.shape[0], dtype=self.dtype) for b, w in zip(bs, ws)])
+            return DraftLinear(torch.cat(ws), bias, self.int8)
 
-        return (
-            self._w(layer.input_layernorm.weight),
-            torch.cat([proj("q_proj"), proj("k_proj"), proj("v_proj")]),
-            proj("o_proj"),
-            self._w(layer.post_attention_layernorm.weight),
-            torch.cat([proj("gate_proj"), proj("up_proj")]),
-            proj("down_proj"),
-        )
-
-    def _quantized(self, layer: tuple) -> tuple:
-        return tuple(_int8(m) for m in (layer[1], layer[2], layer[4], layer[5]))
+        return (norms[0], fused("q_proj", "k_proj", "v_proj"), fused("o_proj"),
+                norms[1], fused("gate_proj", "up_proj"), fused("down_proj"))
 
     def set_weights(self, weights: dict[str, torch.Tensor] | None, should_stop: ShouldStop = never) -> bool:
         """Replace the projections (None: the model's own), keeping the embeddings,
         head, KV buffer and RoPE tables. Layer by layer, checking should_stop()
         between layers; all layers change at once at the end, or none (returns
         False) when stopped. The context must be recomputed afterwards."""
-        layers, q_layers = [], []
-        for i in range(len(self.layers)):
+        layers = []
+        for i in range(self._n_layers):
             if should_stop():
                 return False
             layers.append(self._layer(i, weights or {}))
-            if self.int8:
-                q_layers.append(self._quantized(layers[-1]))
-        self.layers, self.q_layers = layers, q_layers
+        self.layers = layers
         self.length = 0
         return True
 
@@ -114,6 +198,20 @@ class LeanLlama:
         """Forget everything after the first `length` positions."""
         self.length = min(self.length, length)
 
+    def _reserve(self, end: int) -> None:
+        """Room in the KV buffer and the RoPE tables for `end` positions: they grow
+        as a context does (doubling), so a short chat holds a short cache."""
+        if end > self.max_len:
+            raise ValueError(f"context full ({self.max_len} tokens)")
+        capacity = self.kv.shape[3]
+        if end <= capacity:
+            return
+        capacity = min(self.max_len, max(end, 2 * capacity, _KV_GROWTH))
+        kv = torch.zeros((*self.kv.shape[:3], capacity, self.head_dim), dtype=self.dtype)
+        kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+        self.kv = kv
+        self.cos, self.sin = _rope_tables(self._inner, capacity, self.dtype)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
@@ -123,36 +221,42 @@ class LeanLlama:
         return x * cos + rotated * sin
 
     def _attend(self, q, k, v, mask):
-        """Grouped-query attention. For one new token the query heads that share a
-        key/value head are stacked as rows of one query, so keys/values are never
-        copied per query head (SDPA's enable_gqa path does copy them)."""
+        """Grouped-query attention. The query heads that share a key/value head are
+        stacked as rows of one query (head-major, the causal mask repeated per
+        head), so keys/values are never copied per query head: SDPA's enable_gqa
+        path copies them and, with a mask, ran ~4x slower here (0.87 vs 0.22 ms
+        for 5 new tokens over 400 in Qwen2.5-1.5B's shape)."""
         hq, n, d = q.shape
         hk = k.shape[0]
-        if n == 1:
-            out = F.scaled_dot_product_attention(q.view(1, hk, hq // hk, d), k[None], v[None])
-            return out.view(hq, 1, d)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        group = hq // hk
+        stacked = q.reshape(1, hk, group * n, d)
+        if mask is not None:
+            mask = mask.repeat(group, 1)
+        out = F.scaled_dot_product_attention(stacked, k[None], v[None], attn_mask=mask)
+        return out.view(hq, n, d)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ids; returns (logits [n, head], final hidden states [n, hidden])."""
+    def forward(
+        self, ids: list[int] | torch.Tensor, last: int = 0, should_stop: ShouldStop = never
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ids; returns (logits, final hidden states) of the new positions, or
+        of only the last `last` ones (a prompt needs one row of a 152k-word head).
+        should_stop() is checked between layers (the learner gives way with it);
+        when it says stop, nothing is appended and None, None is returned."""
         ids = torch.as_tensor(ids, dtype=torch.long).view(-1)
         n, start = ids.numel(), self.length
         end = start + n
-        if end > self.max_len:
-            raise ValueError(f"drafter context full ({self.max_len} tokens)")
-        x = self.embed[ids]
+        self._reserve(end)
+        x = self.embed(ids).to(self.dtype)
         cos, sin = self.cos[start:end], self.sin[start:end]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         mask = None
         if n > 1:  # causal within the new block, everything before it visible
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)
-        small = self.int8 and n <= _INT8_MAX_TOKENS
-        mm = _mm_int8 if small else _mm
-        for layer, (ln1, wqkv, wo, ln2, wgu, wd) in enumerate(self.layers):
-            if small:
-                wqkv, wo, wgu, wd = self.q_layers[layer]
-            qkv = mm(self._norm(x, ln1), wqkv)
+        for layer, (ln1, qkv_proj, o_proj, ln2, gate_up_proj, down_proj) in enumerate(self.layers):
+            if should_stop():
+                return None, None
+            qkv = qkv_proj(self._norm(x, ln1))
             q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
             q = self._rope(q.view(n, hq, d).transpose(0, 1), cos, sin)
             k = self._rope(k.view(n, hk, d).transpose(0, 1), cos, sin)
@@ -160,28 +264,21 @@ class LeanLlama:
             cache[0, :, start:end] = k
             cache[1, :, start:end] = v.view(n, hk, d).transpose(0, 1)
             att = self._attend(q, cache[0, :, :end], cache[1, :, :end], mask)
-            x = x + mm(att.transpose(0, 1).reshape(n, hq * d), wo)
-            gate, up = mm(self._norm(x, ln2), wgu).chunk(2, dim=-1)
-            x = x + mm(F.silu(gate) * up, wd)
+            x = x + o_proj(att.transpose(0, 1).reshape(n, hq * d))
+            gate, up = gate_up_proj(self._norm(x, ln2)).chunk(2, dim=-1)
+            x = x + down_proj(F.silu(gate) * up)
         self.length = end
+        if last:
+            x = x[-last:]
         h = self._norm(x, self.final_norm)
-        return mm(h, self.q_head if small else self.head), h
+        return self.head(h).to(self.dtype), h
 
 
-_INT8_MAX_TOKENS = 2
-_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-row int8 quantization: (int8 weights, scales)."""
-    scales = (w.float().abs().amax(dim=1) / 127.0).clamp(min=1e-8)
-    q = (w.float() / scales[:, None]).round().clamp(-128, 127).to(torch.int8)
-    return q.contiguous(), scales.to(w.dtype)
-
-
-def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return x @ w.T
-
-
-def _mm_int8(x: torch.Tensor, qw: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return torch.ops.aten._weight_int8pack_mm(x, qw[0], qw[1])
+def _rope_tables(inner, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for positions 0..length-1 from the model's own rotary embedding,
+    so every RoPE variant transformers implements (Llama 3's scaled one included)
+    comes out as the model computes it."""
+    probe = torch.zeros(1, dtype=torch.float32)
+    with torch.no_grad():
+        cos, sin = inner.rotary_emb(probe, torch.arange(length)[None])
+    return cos[0].to(dtype), sin[0].to(dtype)

@@ -8,6 +8,7 @@ complete, so a conversion killed half-way is never mistaken for a good cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -23,6 +24,7 @@ from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
 from .quantize import quantize_int8
+from .target_runtime import TargetRunner
 
 _COMPLETE = converted_cache.MARKER
 CONVERTED_FORMAT = 1
@@ -39,6 +41,11 @@ class LoadedModel:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @functools.cached_property
+    def runner(self) -> TargetRunner:
+        """How the decode loops run it as a target (core/models/target_runtime.py)."""
+        return TargetRunner(self.model)
 
 
 def source_path(entry: ModelEntry, progress: Progress = no_progress) -> Path:

@@ -88,13 +88,15 @@ def describe(
     """The loaded target, and its relation to the drafter when drafting is on (a
     drafter and the bridge built for this target)."""
     model = target.model
+    runtime = target.runner.net  # the lean runtime computes in its own dtype
+    computes_in = str(runtime.dtype if runtime is not None else target.dtype).removeprefix("torch.")
     info = ModelInfo(
         model_id=target.entry.id,
         name=target.entry.name,
         architecture=model.config.model_type,
         parameters=parameter_count(model),
         quantization=_stored_as(target),
-        runs_as=("int8 weights, " if target.int8 else "") + str(target.dtype).removeprefix("torch."),
+        runs_as=f"int8 weights, {computes_in} activations" if target.int8 else computes_in,
         context_length=getattr(model.config, "max_position_embeddings", None),
         context_used=context_used,
         tokenizer_size=len(target.tokenizer),

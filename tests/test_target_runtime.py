@@ -1,0 +1,103 @@
+"""The target's runtime: Llama and Qwen2 targets run lean over the model's own
+(int8) layers and compute what transformers computes; other architectures run on
+transformers."""
+
+import pytest
+import torch
+from omnidraft.core.models import quantize
+from omnidraft.core.models.quantize import quantize_int8
+from omnidraft.core.models.target_runtime import TargetRunner
+
+from tests.tiny import tiny_gemma3, tiny_llama, tiny_qwen2
+
+VOCAB = 300
+IDS = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+def _steps(session) -> torch.Tensor:
+    """A prefill, a one-token step, a verification of 4 that keeps 1, then 6 more:
+    every row's logits, as a decode loop sees them."""
+    rows = [session.forward(IDS[:20]), session.forward(IDS[20:21])]
+    rows.append(session.forward(IDS[21:25])[:1])
+    session.crop(3)
+    rows.append(session.forward(IDS[22:28]))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_qwen2])
+def test_lean_target_computes_what_transformers_computes(make):
+    model = make(VOCAB, seed=1)
+    lean = TargetRunner(model)
+    assert lean.kind == "lean"
+    reference = TargetRunner(model, lean=False)
+    assert reference.kind == "transformers"
+    torch.testing.assert_close(_steps(lean.session()), _steps(reference.session()), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture
+def int8_qwen2(monkeypatch):
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)  # every linear layer of the tiny model
+    model = tiny_qwen2(VOCAB, seed=1)
+    assert quantize_int8(model) == 2 * 7 + 1
+    return model
+
+
+def test_int8_lean_target_stays_close_to_transformers_on_the_same_weights(int8_qwen2):
+    model = int8_qwen2
+    lean, reference = _steps(TargetRunner(model).session()), _steps(TargetRunner(model, lean=False).session())
+    # The same int8 products; only the activations' precision differs (float32 here,
+    # the model's own dtype there, also float32 in this tiny model).
+    torch.testing.assert_close(lean, reference, atol=1e-3, rtol=1e-3)
+
+
+def test_a_verified_tokens_logits_do_not_depend_on_the_tokens_beside_it(int8_qwen2):
+    """What makes int8 speculative decoding equal plain decoding of the same weights:
+    a row verified among 5 gets the logits it gets alone."""
+    session = TargetRunner(int8_qwen2).session()
+    session.forward(IDS[:20])
+    together = session.forward(IDS[20:25])
+    session.crop(5)
+    alone = torch.cat([session.forward([i]) for i in IDS[20:25]])
+    assert torch.equal(together.argmax(-1), alone.argmax(-1))
+    torch.testing.assert_close(together, alone, atol=1e-4, rtol=1e-4)
+
+
+def test_gemma3_runs_on_transformers():
+    assert TargetRunner(tiny_gemma3(VOCAB)).kind == "transformers"
+
+
+def test_each_lean_forward_calls_the_embedding_module_once():
+    """The benchmark counts target forwards with a hook on the input embeddings."""
+    model = tiny_qwen2(VOCAB, seed=1)
+    calls = []
+    model.get_input_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    _steps(TargetRunner(model).session())
+    assert len(calls) == 4
+
+
+def test_the_kv_cache_grows_with_the_context_and_stops_at_the_window():
+    model = tiny_llama(VOCAB, seed=1)
+    model.config.max_position_embeddings = 600
+    runner = TargetRunner(model)
+    session = runner.session()
+    session.forward(IDS)
+    small = runner.net.kv.shape[3]
+    assert small < 600  # a short context holds a short cache
+    for _ in range(12):
+        session.forward(IDS)
+    assert runner.net.kv.shape[3] >= 13 * len(IDS)
+    with pytest.raises(ValueError, match="context full"):
+        session.forward(IDS * 3)
+    # A new session starts from an empty context, reusing the buffer.
+    assert runner.session().forward(IDS[:5]).shape == (5, VOCAB)
+
+
+def test_a_target_with_some_layers_too_small_for_int8_runs_lean():
+    """bf16 weights whose small projections stay bf16 beside int8 ones (the tiny
+    models users and tests load): each layer gets its own dtype."""
+    model = tiny_llama(20_000, seed=1, dtype=torch.bfloat16)
+    assert 0 < quantize_int8(model) < 2 * 7 + 1  # the LM head, not the 64-wide projections
+    lean, reference = TargetRunner(model), TargetRunner(model, lean=False)
+    assert lean.kind == "lean"
+    ids = IDS[:12]
+    assert torch.equal(lean.session().forward(ids).argmax(-1), reference.session().forward(ids).float().argmax(-1))
