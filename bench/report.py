@@ -107,9 +107,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 @torch.inference_mode()
-def top2_gap(model, ids: list[int]) -> float:
-    """Target's logit margin between its two best next tokens after ids (fresh forward)."""
-    logits = model(input_ids=torch.tensor([ids], dtype=torch.long)).logits[0, -1].float()
+def top2_gap(target: LoadedModel, ids: list[int]) -> float:
+    """Target's logit margin between its two best next tokens after ids: one fresh
+    forward through the runtime the engine decodes with (scripts/divergence_gaps.py
+    replays plain decoding token by token instead)."""
+    logits = target.runner.session().forward(ids, last=1)[-1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
 
@@ -124,7 +126,7 @@ def divergences(
         if pos is None:
             continue
         ids = prompt_ids(target.tokenizer, prompts[i]["prompt"], chat) + ref.token_ids[:pos]
-        found.append({"prompt_index": i, "position": pos, "top2_gap": top2_gap(target.model, ids)})
+        found.append({"prompt_index": i, "position": pos, "top2_gap": top2_gap(target, ids)})
     return found
 
 

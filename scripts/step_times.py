@@ -1,0 +1,96 @@
+"""Milliseconds per forward of the target and the drafter, by tokens per forward.
+
+What a speculative step costs, part by part, as the decode loops run them: the
+target through its runtime (lean over int8 layers, and transformers' own forward
+of the same model for comparison) and the drafter's lean runtime, each after a
+--context-token prompt, for 1, 2, 3, 5 and 8 new tokens (the pending token plus
+k proposals). Median of --reps forwards, rolled back after each.
+
+    .venv/bin/python scripts/step_times.py --json docs/results/step-times.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from omnidraft.core.decoding.drafter import Drafter, DraftSettings
+from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
+from omnidraft.core.models.loader import load
+from omnidraft.core.models.target_runtime import TargetRunner
+
+ROWS = (1, 2, 3, 5, 8)
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return round(1000 * statistics.median(times), 2)
+
+
+def target_ms(runner: TargetRunner, context: list[int], reps: int) -> dict[int, float]:
+    session = runner.session()
+    session.forward(context, last=1)
+    out = {}
+    for n in ROWS:
+        def step(n=n):
+            session.forward(context[:n])
+            session.crop(n)
+        out[n] = median_ms(step, reps)
+    return out
+
+
+def drafter_ms(drafter: Drafter, context: list[int], reps: int) -> dict[int, float]:
+    net = drafter.net
+    net.reset()
+    net.forward(context)
+    out = {}
+    for n in ROWS:
+        def step(n=n):
+            net.forward(context[:n])
+            net.rollback(len(context))
+        out[n] = median_ms(step, reps)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--context-tokens", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    catalog = ModelCatalog()
+    target = load(catalog.get(args.target), torch.bfloat16, int8=True)
+    drafter = Drafter(load(catalog.get(SMOLLM2_ID), torch.bfloat16), DraftSettings())
+    text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 20
+    t_ids = target.tokenizer(text)["input_ids"][: args.context_tokens]
+    d_ids = drafter.tokenizer(text)["input_ids"][: args.context_tokens]
+    report = {
+        "target": args.target,
+        "context_tokens": args.context_tokens,
+        "threads": torch.get_num_threads(),
+        "rows": list(ROWS),
+        "target_lean_ms": target_ms(target.runner, t_ids, args.reps),
+        "target_transformers_ms": target_ms(TargetRunner(target.model, lean=False), t_ids, args.reps),
+        "drafter_ms": drafter_ms(drafter, d_ids, args.reps),
+    }
+    for key in ("target_lean_ms", "target_transformers_ms", "drafter_ms"):
+        print(f"{key:24s}", "  ".join(f"{n}: {ms:6.1f}" for n, ms in report[key].items()))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
