@@ -8,7 +8,7 @@ from __future__ import annotations
 from omnidraft.core.models.catalog import ModelEntry
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction, QActionGroup
-from PySide6.QtWidgets import QFileDialog, QMenu, QWidget
+from PySide6.QtWidgets import QFileDialog, QMainWindow, QMenu, QWidget
 
 from .get_models_dialog import GetModelsDialog
 
@@ -101,7 +101,7 @@ class TargetsMenu(QMenu):
     def drop_open(self) -> None:
         """Open this menu from the window's menu bar, so the keyboard can pick a model."""
         window = self.parentWidget()
-        if window is not None and hasattr(window, "menuBar"):
+        if isinstance(window, QMainWindow):
             window.menuBar().setActiveAction(self.menuAction())
 
     def checked_id(self) -> str | None:
