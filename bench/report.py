@@ -111,8 +111,12 @@ def top2_gap(target: LoadedModel, ids: list[int]) -> float:
     """Target's logit margin between its two best next tokens after ids: one fresh
     forward through the runtime the engine decodes with (scripts/divergence_gaps.py
     replays plain decoding token by token instead)."""
-    logits = target.runner.session().forward(ids, last=1)[-1].float()
-    top = logits.topk(2).values
+    return margin(target.runner.session().forward(ids, last=1)[-1])
+
+
+def margin(logits: torch.Tensor) -> float:
+    """The logit margin between the two best tokens: how close a greedy call was."""
+    top = logits.float().topk(2).values
     return float(top[0] - top[1])
 
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import torch
-from omnidraft.bench.report import first_difference
+from omnidraft.bench.report import first_difference, margin
 from omnidraft.bench.runners import prompt_ids
 from omnidraft.core.models.catalog import ModelCatalog
 from omnidraft.core.models.loader import load
@@ -30,8 +30,7 @@ def plain_gap(runner, ids: list[int], reply: list[int], position: int) -> float:
     logits = session.forward(ids, last=1)[-1]
     for token in reply[:position]:
         logits = session.forward([token])[-1]
-    top = logits.float().topk(2).values
-    return float(top[0] - top[1])
+    return margin(logits)
 
 
 def main() -> None:

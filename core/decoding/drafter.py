@@ -83,7 +83,7 @@ class Drafter:
         Returns False, changing nothing, when should_stop() interrupted it."""
         if not self.net.set_weights(weights, should_stop):
             return False
-        self.cached, self.context, self._logits = [], [], None
+        self._forget_context()
         return True
 
     @property
@@ -95,11 +95,15 @@ class Drafter:
     def score(self, ids: list[int]) -> torch.Tensor:
         """The drafter's next-token logits after ids, from an empty context (what
         its current weights predict; the next sync rebuilds the drafting context)."""
-        self.net.reset()
-        self.cached, self.context, self._logits = [], [], None
+        self._forget_context()
         logits, _ = self.net.forward(ids, last=1)
         self.net.reset()
         return logits[-1].clone()
+
+    def _forget_context(self) -> None:
+        """An empty context: nothing cached, nothing to draft from until the next sync."""
+        self.net.reset()
+        self.cached, self.context, self._logits = [], [], None
 
     # --------------------------------------------------------------- context
     def fit_prefix(self, prefix_ids: list[int], reply_room: int) -> list[int]:
@@ -154,8 +158,7 @@ class Drafter:
         if len(ids) > self.max_len:
             # The reply outgrew the drafter's context: no drafts from here on, each
             # step verifies only the target's own token (a slower reply, not an error).
-            self.net.reset()
-            self.cached, self.context, self._logits = [], [], None
+            self._forget_context()
             return
         common = 0
         limit = min(len(ids), len(self.cached))
@@ -164,8 +167,7 @@ class Drafter:
         if common == len(ids):  # nothing new: recompute the last position's logits
             common -= 1
         if common < 0:
-            self.net.reset()
-            self.cached, self.context, self._logits = [], [], None
+            self._forget_context()
             return
         self.net.rollback(common)
         logits, hidden = self.net.forward(ids[common:])

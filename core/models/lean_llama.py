@@ -236,13 +236,9 @@ class LeanLlama:
         return out.view(hq, n, d)
 
     @torch.inference_mode()
-    def forward(
-        self, ids: list[int] | torch.Tensor, last: int = 0, should_stop: ShouldStop = never
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: list[int] | torch.Tensor, last: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ids; returns (logits, final hidden states) of the new positions, or
-        of only the last `last` ones (a prompt needs one row of a 152k-word head).
-        should_stop() is checked between layers (the learner gives way with it);
-        when it says stop, nothing is appended and None, None is returned."""
+        of only the last `last` ones (a prompt needs one row of a 152k-word head)."""
         ids = torch.as_tensor(ids, dtype=torch.long).view(-1)
         n, start = ids.numel(), self.length
         end = start + n
@@ -254,8 +250,6 @@ class LeanLlama:
         if n > 1:  # causal within the new block, everything before it visible
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)
         for layer, (ln1, qkv_proj, o_proj, ln2, gate_up_proj, down_proj) in enumerate(self.layers):
-            if should_stop():
-                return None, None
             qkv = qkv_proj(self._norm(x, ln1))
             q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
             q = self._rope(q.view(n, hq, d).transpose(0, 1), cos, sin)
@@ -271,7 +265,7 @@ class LeanLlama:
         if last:
             x = x[-last:]
         h = self._norm(x, self.final_norm)
-        return self.head(h).to(self.dtype), h
+        return self.head(h), h
 
 
 def _rope_tables(inner, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
