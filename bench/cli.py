@@ -35,6 +35,7 @@ from omnidraft.bench.runners import (
     BenchError,
     adapt_on,
     build_methods,
+    is_method,
     run_interleaved,
 )
 from omnidraft.core.engine import Engine, InputError
@@ -57,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--seed", type=int, default=0, help="sampling seed of prompt 0 (+i for prompt i)"
     )
     p.add_argument(
-        "--methods", default=",".join(METHODS), help="comma list of " + ",".join(METHODS)
+        "--methods", default=",".join(METHODS),
+        help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens)",
     )
     p.add_argument(
         "--drafter",
@@ -101,9 +103,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _method_list(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    unknown = [m for m in names if not is_method(m)]
     if unknown or not names:
-        raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)}")
+        raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
+                         "or omnidraft-kN (a fixed draft length N, 1 to 16)")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 

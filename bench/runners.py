@@ -5,6 +5,9 @@
   uag        transformers assisted generation with the drafter as assistant_model
              (Universal Assisted Generation when the vocabularies differ)
   omnidraft  this engine's speculative decoding (Engine.complete(..., speculative=True))
+  omnidraft-kN  the same, drafting exactly N drafter tokens per drafter step (no
+             stop rule: neither the confidence nor the acceptance head cuts a
+             draft short), the fixed draft lengths adaptive drafting must beat
   llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +44,19 @@ DTYPES = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # warm-up must not hand it a benchmark prompt's continuation in advance.
 WARMUP_PROMPT = "The quick brown fox"
 WARMUP_TOKENS = 4
+
+
+FIXED_LENGTH = re.compile(r"omnidraft-k([1-9]|1[0-6])")
+
+
+def fixed_length(name: str) -> int | None:
+    """N for a method named omnidraft-kN (1 to 16), else None."""
+    match = FIXED_LENGTH.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def is_method(name: str) -> bool:
+    return name in METHODS or fixed_length(name) is not None
 
 
 class BenchError(Exception):
@@ -109,6 +126,23 @@ def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> R
             why = "; ".join(engine.warnings) or "no drafter loaded"
             raise BenchError(f"method 'omnidraft': the engine decoded plainly ({why})")
         return list(done[-1].token_ids), stats
+
+    return run
+
+
+def fixed_length_runner(engine: Engine, k: int, chat: bool = False) -> Runner:
+    """omnidraft drafting k tokens every drafter step: the engine's draft settings
+    are swapped for the call (k, no stop rule) and restored after."""
+    speculative = engine_runner(engine, True, chat)
+
+    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
+        settings = engine.draft_settings
+        saved = (settings.k, settings.min_confidence, settings.gamma)
+        settings.k, settings.min_confidence, settings.gamma = k, 0.0, None
+        try:
+            return speculative(prompt, cfg)
+        finally:
+            settings.k, settings.min_confidence, settings.gamma = saved
 
     return run
 
@@ -248,13 +282,17 @@ def build_methods(
         made["hf"] = Method("hf", hf_runner(engine.target, chat=args.chat))
     if "omnidraft" in args.methods:
         made["omnidraft"] = Method("omnidraft", engine_runner(engine, True, args.chat))
+    for name in args.methods:
+        if (k := fixed_length(name)) is not None:
+            made[name] = Method(name, fixed_length_runner(engine, k, args.chat))
+    drafting = [m for m in made.values() if m.name.startswith("omnidraft")]
     for m in made.values():
         warm_up(m)
-    if "omnidraft" in made:
-        made["omnidraft"].forwards_reliable = not shares_embeddings(engine)
+    for m in drafting:
+        m.forwards_reliable = not shares_embeddings(engine)
     # The drafter is named only when a method used it (the engine may load one anyway).
     drafter = engine.drafter_model.entry if engine.drafter_model is not None else None
-    name = drafter.name if drafter and "omnidraft" in made else None
+    name = drafter.name if drafter and drafting else None
     if "llamacpp" in args.methods and (peer := llamacpp_method(engine, args)) is not None:
         made["llamacpp"] = peer
     if "uag" in args.methods:

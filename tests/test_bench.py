@@ -99,6 +99,44 @@ def test_chat_prompts_go_through_the_chat_template(tiny_target, prompts_file, tm
     assert chat["methods"]["omnidraft"]["engine"]["prompt_tokens"] > raw["methods"]["omnidraft"]["engine"]["prompt_tokens"]
 
 
+def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, prompts_file, tmp_path):
+    out = tmp_path / "bench.json"
+    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
+                 "--methods", "target,omnidraft-k1,omnidraft-k3,omnidraft", "--dtype", "fp32",
+                 "--json", out]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    outputs = report["outputs"]
+    assert outputs["omnidraft-k1"] == outputs["omnidraft-k3"] == outputs["omnidraft"] == outputs["target"]
+    for name, k in (("omnidraft-k1", 1), ("omnidraft-k3", 3)):
+        e = report["methods"][name]["engine"]
+        drafter_steps = e["steps"] - report["prompts"] - e["lookup_steps"]  # each prompt's first forward reads it
+        drafted = e["proposed"] - e["lookup_proposed"]  # same vocabulary: drafter tokens = target tokens
+        assert drafter_steps > 0
+        # k every step but where fewer tokens are left to generate (the random tiny
+        # drafter is never confident: its confidence rule would stop after one).
+        assert (k - 1) * drafter_steps < drafted <= k * drafter_steps
+
+
+def test_a_fixed_length_run_restores_the_engines_draft_settings(home):
+    from omnidraft.core.decoding.drafter import DraftSettings
+
+    seen = []
+
+    class Recording(Engine):
+        def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):
+            s = self.draft_settings
+            seen.append((s.k, s.min_confidence, s.gamma))
+            yield TurnFinished("x", "length", TurnStats(method="omnidraft", new_tokens=1), [5])
+
+    engine = Recording(draft_settings=DraftSettings(k=4, min_confidence=0.5, gamma=0.6))
+    runners.fixed_length_runner(engine, 6)("p", GenerationConfig(max_new_tokens=1))
+    assert seen == [(6, 0.0, None)]
+    s = engine.draft_settings
+    assert (s.k, s.min_confidence, s.gamma) == (4, 0.5, 0.6)
+    assert runners.fixed_length("omnidraft-k16") == 16
+    assert runners.fixed_length("omnidraft-k0") is None and runners.fixed_length("omnidraft-k17") is None
+
+
 def test_omnidraft_refuses_the_engines_plain_fallback(home):
     class PlainOnly(Engine):  # an engine whose drafter failed to load decodes plainly
         def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):

@@ -197,3 +197,32 @@ def test_a_foreign_sample_is_skipped_not_fatal(parts):
     _fill(buffer, [bad, samples[1]])
     result = learner.step()
     assert result["pass_done"] and result["samples"] == 2 and result["steps"] == 1
+
+
+def test_the_drafter_meets_few_shapes_and_padding_changes_no_loss(parts, monkeypatch):
+    """oneDNN keeps kernels for every shape it meets (memory the worker never got
+    back): the learner pads the drafter's rows to a few lengths, and the padding
+    changes no figure of the loss."""
+    import omnidraft.core.learning.learner as learner_module
+
+    make, buffer, store, samples = parts
+    learner = make()
+    model = store.activate(TARGET)
+    shapes = set()
+    hook = learner.drafter_model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.add(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    cuts = []
+    with torch.no_grad():
+        for s in samples:
+            for cut in range(s.drafter_prompt_len + 2, len(s.drafter_ids) + 1):
+                cuts.append(replace(s, drafter_ids=s.drafter_ids[:cut]))
+        padded = [learner.sample_loss(model, s) for s in cuts]
+        hook.remove()
+        monkeypatch.setattr(learner_module, "SHAPE_STEP", 1)
+        exact = [learner.sample_loss(model, s) for s in cuts]
+    lengths = {len(s.drafter_ids) for s in cuts}
+    assert len(lengths) > 10 and all(n % learner_module.SHAPE_STEP == 0 for _, n in shapes)
+    assert len(shapes) <= len(lengths) // 4
+    for (loss, stats), (ref, ref_stats) in zip(padded, exact, strict=True):
+        assert torch.allclose(loss, ref, atol=1e-5)
+        assert stats["n_dm"] == ref_stats["n_dm"] and stats["n_ngram"] == ref_stats["n_ngram"]

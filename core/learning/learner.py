@@ -227,14 +227,18 @@ class Learner:
         hidden = []  # what the LM head reads: the final (normed) hidden states of the kept rows
         hook = self.drafter_model.get_output_embeddings().register_forward_pre_hook(
             lambda module, args: hidden.append(args[0][0].detach()))
+        length, keep = _shape_steps(len(s.drafter_ids), d_keep)
+        # Right padding: causal attention keeps it out of every real position.
+        ids = s.drafter_ids + [s.drafter_ids[-1]] * (length - len(s.drafter_ids))
+        first = d_offset - (length - keep)  # the row of position d_offset among the kept ones
         try:
-            d_logits = model(
-                input_ids=torch.tensor([s.drafter_ids]), use_cache=False, logits_to_keep=d_keep
-            ).logits[0]
+            d_logits = model(input_ids=torch.tensor([ids]), use_cache=False, logits_to_keep=keep).logits[0]
         finally:
             hook.remove()
+        d_logits = d_logits[first:first + d_keep]
+        hidden = torch.cat(hidden)[first:first + d_keep] if hidden else None
         check()
-        return s, d_logits, t_logits, torch.cat(hidden) if hidden else None, d_offset, t_offset
+        return s, d_logits, t_logits, hidden, d_offset, t_offset
 
     # ------------------------------------------------------------ passes
     def _next_batch(self) -> list[Sample]:
@@ -304,6 +308,22 @@ class Learner:
 def _in_vocab(ids: list[int], model) -> bool:
     """A sample saved for another model must not crash (or block) the learner."""
     return max(ids, default=0) < model.get_input_embeddings().num_embeddings
+
+
+# oneDNN, which runs the drafter's bf16 training matmuls on CPU, keeps what it
+# builds for every shape it meets and never frees it: a learner fed replies of
+# every length grew the worker by ~8 MiB per new length (scripts/memory_soak.py).
+# The drafter's sequence and its kept logits rows are padded to multiples of this,
+# so it meets a few dozen shapes at most.
+SHAPE_STEP = 32
+
+
+def _shape_steps(length: int, keep: int) -> tuple[int, int]:
+    """(padded length, padded rows kept) for a drafter forward of `length` tokens
+    whose last `keep` rows are needed: the padded kept rows still cover them."""
+    padded = -(-length // SHAPE_STEP) * SHAPE_STEP
+    rows = keep + padded - length
+    return padded, min(padded, -(-rows // SHAPE_STEP) * SHAPE_STEP)
 
 
 def _kept_rows(length: int, prompt_len: int) -> tuple[int, int]:
