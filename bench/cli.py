@@ -173,11 +173,11 @@ def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
     engine = Engine(catalog, DTYPES[args.dtype], int8=args.dtype == "int8", drafter_id=args.drafter)
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     engine.load_target(args.target)
+    engine.evaluating = True  # evaluation (warm-ups included) never teaches the engine
     methods, drafter = build_methods(args, engine, catalog)
     train = read_prompts(args.adapt, None) if args.adapt else []
     load_before = load_average()
     start = time.perf_counter()
-    engine.evaluating = True  # evaluation never teaches the engine
     run_interleaved(methods, engine.target.model, prompts, args)
     if not train:
         wall = time.perf_counter() - start

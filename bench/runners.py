@@ -347,7 +347,9 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
               f"{time.perf_counter() - t1:.1f} s{loss}", file=sys.stderr, flush=True)
     return {
         "train_prompts": len(train),
+        "turns_recorded": engine.buffer.total_added,  # only training turns: evaluation records none
         "learn_steps": last.steps if last else 0,
+        "samples_trained": last.samples if last else 0,
         "serve_seconds": serve_s,
         "learn_seconds": learn_s,
         "final_loss": last.loss if last else None,

@@ -79,6 +79,22 @@ def slope_per_100(turns: list[int], mib: list[float]) -> float:
     return 100 * sum((x - mx) * (y - my) for x, y in zip(turns, mib, strict=True)) / var if var else 0.0
 
 
+def report(args: argparse.Namespace, steps: int, series: list[tuple[int, float]], final: bool = False) -> None:
+    after = [(t, m) for t, m in series if t >= args.warmup]
+    result = {
+        "target": args.target, "turns": len(series), "learning": not args.no_learning,
+        "learner_steps": steps, "max_new_tokens": args.max_new_tokens,
+        "rss_mib_at_warmup": after[0][1] if after else None, "rss_mib_at_end": series[-1][1],
+        "rss_mib_max": max(m for _, m in series),
+        "growth_mib_per_100_turns_after_warmup": round(slope_per_100(*zip(*after, strict=True)), 1) if len(after) > 1 else None,
+        "series": series,
+    }
+    if final:
+        print(json.dumps({k: v for k, v in result.items() if k != "series"}, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2-135m-instruct", help="catalog id or model path")
@@ -119,20 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                 if turn % 25 == 0:
                     print(f"turn {turn}: RSS {rss:.0f} MiB, learner steps {soak.steps}, "
                           f"{time.monotonic() - start:.0f} s", flush=True)
+                    report(args, soak.steps, series)  # so far: a long run stopped early keeps its figures
         finally:
             handle.stop()
-    after = [(t, m) for t, m in series if t >= args.warmup]
-    result = {
-        "target": args.target, "turns": args.turns, "learning": not args.no_learning,
-        "learner_steps": soak.steps,
-        "rss_mib_at_warmup": after[0][1] if after else None, "rss_mib_at_end": series[-1][1],
-        "rss_mib_max": max(m for _, m in series),
-        "growth_mib_per_100_turns_after_warmup": round(slope_per_100(*zip(*after, strict=True)), 1) if len(after) > 1 else None,
-        "series": series,
-    }
-    print(json.dumps({k: v for k, v in result.items() if k != "series"}, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report(args, soak.steps, series, final=True)
     return 0
 
 

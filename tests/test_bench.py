@@ -297,6 +297,8 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     report = json.loads(out.read_text())
     adapt = report["adapt"]
     assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
+    assert adapt["turns_recorded"] == 9  # no warm-up or evaluation turn among them
+    assert adapt["samples_trained"] == 9 * 2  # the app's two passes over each turn
     assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
     assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
     assert adapt["after"]["target"]["speedup"] == 1.0
