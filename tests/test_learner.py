@@ -205,7 +205,7 @@ def test_the_drafter_meets_few_shapes_and_padding_changes_no_loss(parts, monkeyp
     changes no figure of the loss."""
     import omnidraft.core.learning.learner as learner_module
 
-    make, buffer, store, samples = parts
+    make, _buffer, store, samples = parts
     learner = make()
     model = store.activate(TARGET)
     shapes = set()
