@@ -31,9 +31,12 @@ class _MallInfo2(ctypes.Structure):
 
 
 def in_use_mib(libc) -> float:
-    """Bytes malloc has handed out and not had back (heap and mmapped), in MiB."""
+    """Bytes malloc has handed out and not had back (heap and mmapped), in MiB,
+    after the heap trim the worker does after each learner step."""
+    from omnidraft.core.worker.process import trim_heap
+
     gc.collect()
-    libc.malloc_trim(0)
+    trim_heap()
     info = libc.mallinfo2()
     return (info.uordblks + info.hblkhd) / 2**20
 

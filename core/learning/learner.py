@@ -312,7 +312,7 @@ def _in_vocab(ids: list[int], model) -> bool:
 
 # oneDNN, which runs the drafter's bf16 training matmuls on CPU, keeps what it
 # builds for every shape it meets and never frees it: a learner fed replies of
-# every length grew the worker by ~8 MiB per new length (scripts/memory_soak.py).
+# every length grew the worker by ~8 MiB per new length (scripts/memory_shapes.py).
 # The drafter's sequence and its kept logits rows are padded to multiples of this,
 # so it meets a few dozen shapes at most.
 SHAPE_STEP = 32
