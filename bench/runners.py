@@ -38,8 +38,9 @@ from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
 from omnidraft.core.models.loader import LoadedModel, load, source_path
 
 METHODS = ("target", "hf", "uag", "omnidraft", "llamacpp")
-# "int8": bf16 with the target's linear layers in int8 (the app's default, core/models/quantize.py).
-DTYPES = {"int8": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# "int4": bf16 with a GGUF's Q4_K layers in 4 bits and the rest int8 (the app's default,
+# core/models/int4.py); "int8": every large linear layer int8 (core/models/quantize.py).
+DTYPES = {"int4": torch.bfloat16, "int8": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # A neutral warm-up text: the engine may learn from what it decodes, and the
 # warm-up must not hand it a benchmark prompt's continuation in advance.
 WARMUP_PROMPT = "The quick brown fox"

@@ -90,6 +90,7 @@ class Engine:
         catalog: ModelCatalog | None = None,
         dtype: torch.dtype = torch.bfloat16,
         int8: bool | None = None,
+        int4: bool = True,
         drafter_id: str | None = None,
         draft_settings: DraftSettings | None = None,
         learn_settings: LearnSettings | None = None,
@@ -99,6 +100,8 @@ class Engine:
         # Target linear layers in int8 (core/models/quantize.py: ~2.7x faster steps
         # here); by default for bf16, the app's type. float32 stays the exact reference.
         self.int8 = dtype == torch.bfloat16 if int8 is None else int8
+        # ... and a GGUF file's Q4_K layers kept 4-bit (core/models/int4.py), where the kernel runs.
+        self.int4 = int4
         # OMNIDRAFT_DRAFTER picks another drafter (a catalog id or a Llama model path).
         self.drafter_id = drafter_id or os.environ.get("OMNIDRAFT_DRAFTER") or SMOLLM2_ID
         self.draft_settings = draft_settings or DraftSettings()
@@ -144,7 +147,7 @@ class Engine:
         """Load a target (the previous one stays if this fails) and measure its
         plain speed here, the reference every reply's speedup is reported against."""
         entry = self.catalog.get(id_or_path)
-        loaded = load(entry, self.dtype, progress, int8=self.int8)
+        loaded = load(entry, self.dtype, progress, int8=self.int8, int4=self.int4)
         self._save_state()
         self.target = loaded  # replaced only once the new one loaded: a failure keeps the old
         for learner in self._learners.values():

@@ -31,6 +31,7 @@ class DraftSettings:
     k: int = 4  # drafter tokens per step
     num_layers: int | None = None  # None = all of the drafter's layers
     int8: bool = True  # int8 weights (row-scaled dynamic int8, as the target's)
+    int4: bool = True  # ... its projections in 4 bits where the 4-bit kernel runs (core/models/int4.py)
     # Stop drafting early once the drafter's own top probability falls below this
     # (chosen by scripts/drafter_sweep.py, see docs/drafter.md).
     min_confidence: float = 0.5
@@ -60,6 +61,7 @@ class Drafter:
         self.max_len = max_len
         self.net = LeanLlama(
             loaded.model, num_layers=self.settings.num_layers, max_len=max_len, int8=self.settings.int8,
+            int4=self.settings.int4,
         )
         self.cached: list[int] = []  # ids whose keys/values the net holds
         self.context: list[int] = []  # prefix + reply tokens (the accepted text)
@@ -89,7 +91,8 @@ class Drafter:
     @property
     def description(self) -> str:
         n = self.settings.num_layers or self.loaded.model.config.num_hidden_layers
-        quant = "int8 weights" if self.net.int8 else str(self.net.dtype).replace("torch.", "")
+        quant = ("4-bit weights" if self.net.int4 else "int8 weights") if self.net.int8 else str(
+            self.net.dtype).replace("torch.", "")
         return f"{self.loaded.entry.name}, {n} layers, {quant}, k={self.settings.k}"
 
     def score(self, ids: list[int]) -> torch.Tensor:

@@ -29,6 +29,8 @@ class Tensor:
     name: str
     ggml_type: int  # gguf.GGMLQuantizationType
     n_elements: int
+    dims: tuple[int, ...] = ()  # fastest-varying first, as GGUF stores them
+    offset: int = 0  # of its data from the file's start
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,12 @@ def _parse(cursor: _Cursor) -> GGUFHeader:
     for _ in range(n_metadata):
         key = cursor.string()
         metadata[key] = cursor.value(cursor.unpack("<I"))
-    tensors = []
+    infos = []
     for _ in range(n_tensors):
         name = cursor.string()
-        dims = [cursor.unpack("<Q") for _ in range(cursor.unpack("<I"))]
-        ggml_type = cursor.unpack("<I")
-        cursor.unpack("<Q")  # data offset
-        tensors.append(Tensor(name, ggml_type, math.prod(dims)))
+        dims = tuple(cursor.unpack("<Q") for _ in range(cursor.unpack("<I")))
+        infos.append((name, dims, cursor.unpack("<I"), cursor.unpack("<Q")))
+    alignment = metadata.get("general.alignment", 32)
+    data_start = -(-cursor.pos // alignment) * alignment
+    tensors = [Tensor(name, kind, math.prod(dims), dims, data_start + offset) for name, dims, kind, offset in infos]
     return GGUFHeader(version, metadata, tensors)

@@ -28,6 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
+from .int4 import fit as int4_fit
+from .int4 import pack as pack_int4
+from .int4 import q4_mm
+from .int4 import unavailable as int4_unavailable
 from .quantize import int8_mm, pack_int8
 
 ARCHITECTURES = ("llama", "qwen2")
@@ -53,17 +57,24 @@ def supports(config) -> str | None:
 
 class DraftLinear:
     """y = x W^T (+ b) for the drafter: dense in its dtype, or (int8) through the
-    same row-scaled int8 GEMM as the target (core/models/quantize.py), whose cost
-    is flat in the rows: the drafter's one-token steps and the few-token re-syncs
-    after each verification cost about the same (docs/drafter.md)."""
+    same row-scaled int8 GEMM as the target (core/models/quantize.py), or (int4)
+    rounded to 4 bits through the target's 4-bit kernel (core/models/int4.py;
+    SmolLM2's file stores these layers as Q4_1 already), both flat in the rows:
+    the drafter's one-token steps and the few-token re-syncs after each
+    verification cost about the same (docs/drafter.md)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool, int4: bool = False):
         self.bias = bias
-        self.weight = None if int8 else weight  # an int8 layer keeps only its packed copy
-        self.packed = pack_int8(weight) if int8 else None
+        four = int4_fit(weight) if int8 and int4 else None
+        self.out_features = weight.shape[0]
+        self.packed4 = pack_int4(*four) if four else None  # a quantized layer keeps only its packed copy
+        self.packed = pack_int8(weight) if int8 and four is None else None
+        self.weight = None if int8 else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        if self.packed4 is not None:
+            y = q4_mm(x, self.packed4, self.out_features).to(x.dtype)
+        elif self.packed is not None:
             y = int8_mm(x, self.packed).to(x.dtype)
         else:
             y = x @ self.weight.T
@@ -92,6 +103,7 @@ class LeanLlama:
         int8: bool = False,
         weights: dict[str, torch.Tensor] | None = None,
         share: bool = False,
+        int4: bool = False,
     ):
         """The drafter's runtime (see the module docstring); share=True is the
         target's (use LeanLlama.sharing). weights: state-dict entries that replace
@@ -103,6 +115,8 @@ class LeanLlama:
         inner = hf_model.model
         self.share = share
         self.int8 = int8 and not share
+        # int4: the drafter's projections in 4 bits where the kernel runs (else int8).
+        self.int4 = self.int8 and int4 and int4_unavailable() is None
         # An int8 drafter computes in float32 between its int8 products: the
         # kernel takes and returns float32, and casting to bf16 would only add ops.
         self.dtype = torch.float32 if self.int8 else dtype or next(hf_model.parameters()).dtype
@@ -172,7 +186,7 @@ class LeanLlama:
                 bs.append(base.bias)
             bias = None if all(b is None for b in bs) else torch.cat(
                 [self._w(b) if b is not None else torch.zeros(w.shape[0], dtype=self.dtype) for b, w in zip(bs, ws)])
-            return DraftLinear(torch.cat(ws), bias, self.int8)
+            return DraftLinear(torch.cat(ws), bias, self.int8, self.int4)
 
         return (norms[0], fused("q_proj", "k_proj", "v_proj"), fused("o_proj"),
                 norms[1], fused("gate_proj", "up_proj"), fused("down_proj"))

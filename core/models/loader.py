@@ -23,7 +23,8 @@ from ..storage.persistence import partial_path, remove_stale_partials
 from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
-from .quantize import quantize_int8
+from .int4 import unavailable as int4_unavailable
+from .quantize import FourBit, q4_k_reader, quantize_int8
 from .target_runtime import TargetRunner
 
 _COMPLETE = converted_cache.MARKER
@@ -113,14 +114,25 @@ def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
     return src
 
 
+def _four_bit(entry: ModelEntry) -> FourBit | None:
+    """Where the target's 4-bit layers come from: its GGUF file's Q4_K tensors, when
+    the 4-bit kernel runs on this machine (core/models/int4.py)."""
+    src = source_path(entry)
+    if src.suffix.lower() != ".gguf" or int4_unavailable() is not None:
+        return None
+    return q4_k_reader(src)
+
+
 def load(
     entry: ModelEntry,
     dtype: torch.dtype = torch.bfloat16,
     progress: Progress = no_progress,
     int8: bool = False,
+    int4: bool = True,
 ) -> LoadedModel:
-    """Load a catalog entry for inference, its linear layers in int8 if asked.
-    Raises ModelError with a readable message."""
+    """Load a catalog entry for inference, its linear layers in int8 if asked, and
+    then (int4) a GGUF file's Q4_K ones in 4 bits where this machine runs the
+    4-bit kernel. Raises ModelError with a readable message."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
@@ -133,8 +145,8 @@ def load(
         raise ModelError(f"{entry.name} could not be loaded: {exc}") from exc
     model.eval()
     if int8:
-        progress(f"Quantizing {entry.name} to int8", 0.962)
-        quantize_int8(model)
+        progress(f"Quantizing {entry.name}", 0.962)
+        quantize_int8(model, _four_bit(entry) if int4 else None)
     # Not 1.0: the engine still loads the drafter and measures the target after this.
     progress(f"{entry.name} loaded", 0.965)
     return LoadedModel(entry, model, tokenizer, time.perf_counter() - start, int8)

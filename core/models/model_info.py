@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import int4
 from .gguf_header import read_header
-from .quantize import parameter_count
+from .quantize import int4_count, parameter_count
 
 if TYPE_CHECKING:
     from ..decoding.vocab_bridge import VocabBridge
@@ -96,7 +97,7 @@ def describe(
         architecture=model.config.model_type,
         parameters=parameter_count(model),
         quantization=_stored_as(target),
-        runs_as=f"int8 weights, {computes_in} activations" if target.int8 else computes_in,
+        runs_as=_runs_as(target, computes_in),
         context_length=getattr(model.config, "max_position_embeddings", None),
         context_used=context_used,
         tokenizer_size=len(target.tokenizer),
@@ -111,3 +112,13 @@ def describe(
         direct_mapped=int((bridge.direct.to_target >= 0).sum()),
         ngram_entries=len(bridge.cache),
     )
+
+
+def _runs_as(target: LoadedModel, computes_in: str) -> str:
+    if not target.int8:
+        return computes_in
+    four = int4_count(target.model)
+    if four:
+        return f"4-bit weights in {four} layers (as in the file), int8 in the rest, {computes_in} activations"
+    why = int4.unavailable() if target.entry.is_gguf else None
+    return f"int8 weights, {computes_in} activations" + (f" ({why})" if why else "")

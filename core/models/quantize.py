@@ -19,9 +19,15 @@ products are exact, so a row's output no longer depends on its neighbours.
 from __future__ import annotations
 
 import functools
+import mmap
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+from . import int4
+from .gguf_header import read_header
 
 # Linear layers below this size stay as they are: for them the per-call work of
 # quantizing the activations costs more than the bytes saved.
@@ -76,19 +82,45 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
-def quantize_int8(model: torch.nn.Module) -> int:
+FourBit = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None"]
+
+
+def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> int:
     """Replace the model's large linear layers (its LM head included) in place;
-    returns how many were replaced. The float weights are freed as each goes."""
+    returns how many were replaced. The float weights are freed as each goes.
+    four_bit(module name, weight): a layer's 4-bit form (int4.Int4Linear), or None
+    for int8 (see q4_k_reader)."""
     replaced = 0
-    for module in list(model.modules()):
+    q4_k = four_bit
+    for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.numel() >= MIN_WEIGHTS:
-                setattr(module, name, Int8Linear(child))
+                four = q4_k(f"{prefix}.{name}" if prefix else name, child.weight) if q4_k else None
+                setattr(module, name, int4.Int4Linear(child, four) if four else Int8Linear(child))
                 replaced += 1
     if getattr(model.config, "tie_word_embeddings", False):
         # The input embeddings keep their float table; the head now has its own int8 copy.
         model.config.tie_word_embeddings = False
     return replaced
+
+
+def q4_k_reader(gguf: Path) -> FourBit:
+    """The layers of the model loaded from this GGUF file that it stores as Q4_K, in
+    their 4-bit form (None for the others, and for a tensor not stored as the loaded
+    weight: see int4.matches)."""
+    tensors = {t.name: t for t in read_header(gguf).tensors}
+    with open(gguf, "rb") as f:
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def read(module_name: str, weight: torch.Tensor):
+        tensor = tensors.get(int4.gguf_name(module_name) or "")
+        if tensor is None or tensor.ggml_type != int4.Q4_K or len(tensor.dims) != 2:
+            return None
+        k, n = tensor.dims
+        quantized = int4.read_q4_k(buffer, tensor.offset, n, k)
+        return quantized if int4.matches(weight, quantized) else None
+
+    return read
 
 
 def streamed_bytes(model: torch.nn.Module) -> int:
@@ -97,7 +129,9 @@ def streamed_bytes(model: torch.nn.Module) -> int:
     by the memory bandwidth (scripts/speed_floor.py) it is the forward's floor."""
     total = 0
     for m in model.modules():
-        if isinstance(m, Int8Linear):
+        if isinstance(m, int4.Int4Linear):
+            total += m.streamed
+        elif isinstance(m, Int8Linear):
             total += m.weight_count
         elif isinstance(m, torch.nn.Linear):
             total += m.weight.numel() * m.weight.element_size()
@@ -106,9 +140,14 @@ def streamed_bytes(model: torch.nn.Module) -> int:
 
 def parameter_count(model: torch.nn.Module) -> int:
     """Weights of the model as published: its parameters plus the int8 layers' packed ones."""
-    packed = sum(m.weight_count for m in model.modules() if isinstance(m, Int8Linear))
+    packed = sum(m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, int4.Int4Linear)))
     return packed + sum(p.numel() for p in model.parameters())
 
 
 def is_quantized(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, Int8Linear) for m in model.modules())
+    return any(isinstance(m, (Int8Linear, int4.Int4Linear)) for m in model.modules())
+
+
+def int4_count(model: torch.nn.Module) -> int:
+    """How many linear layers hold 4-bit weights."""
+    return sum(isinstance(m, int4.Int4Linear) for m in model.modules())

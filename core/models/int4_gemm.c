@@ -1,0 +1,123 @@
+/* y = x W^T for 4-bit weights: the target's verification kernel (core/models/int4.py).
+
+Weights: per output channel and group of 32 inputs, w = s * q + z with q in 0..15
+and s, z in fp16 (a GGUF Q4_K/Q4_0/Q4_1 tensor is exactly this up to rounding
+its scales). Stored in blocks of 16 channels x 32 inputs, 320 bytes each:
+256 bytes of nibbles laid out for VPDPBUSD (byte t*64 + j*4 + b holds channel
+j's inputs 4t+b in the low nibble and 16+4t+b in the high one), then the 16
+scales and the 16 offsets. Blocks run along the inputs, then the channels, so
+a thread streams its channels' weights front to back.
+
+Activations: each row quantized to int8 on its own scale (absmax / 127), so a
+row's result never depends on the rows computed beside it, and the integer
+products are exact. Per block and row: 8 VPDPBUSD, then
+acc += s * dot + z * sum(xq over the group); y = acc * row scale.
+
+The weights are unpacked once per block and used by up to 8 rows, so up to 8
+rows cost about what one does while the weights stream from memory (a
+speculative verification of k+1 tokens), which is what no library kernel on
+this CPU gives (docs/speed.md).
+*/
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP 32
+#define CHANNELS 16
+#define BLOCK_BYTES 320
+#define MAX_ROWS 8
+
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *row_scale, float *group_sum) {
+    int64_t groups = k / GROUP;
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * k;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < k; i++) {
+            float a = fabsf(xr[i]);
+            amax = a > amax ? a : amax;
+        }
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        row_scale[r] = amax / 127.0f;
+        int8_t *qr = xq + r * k;
+        for (int64_t g = 0; g < groups; g++) {
+            int32_t sum = 0;
+            for (int64_t i = g * GROUP; i < (g + 1) * GROUP; i++) {
+                int32_t q = (int32_t)nearbyintf(xr[i] * inv);
+                qr[i] = (int8_t)q;
+                sum += q;
+            }
+            group_sum[r * groups + g] = (float)sum;
+        }
+    }
+}
+
+/* One block column of 16 channels for `rows` (1..8, a constant once inlined) rows. */
+static inline __attribute__((always_inline)) void channel_block(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
+    int64_t k, int rows, float *y, int64_t n) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * BLOCK_BYTES;
+        __m512i w[8];
+        for (int t = 0; t < 4; t++) {
+            __m512i v = _mm512_loadu_si512((const void *)(b + 64 * t));
+            w[t] = _mm512_and_si512(v, low);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
+        __m512 z = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 288)));
+        for (int r = 0; r < rows; r++) {
+            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+            __m512i d = _mm512_setzero_si512();
+            for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
+            acc[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(group_sum[r * groups + g]), acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_ps(y + r * n, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
+}
+
+#define ROWS_CASE(R)                                                                              \
+    case R:                                                                                       \
+        channel_block(blocks, groups, xq + r0 * k, group_sum + r0 * groups, row_scale + r0, k, R, \
+                      y + r0 * n + c * CHANNELS, n);                                              \
+        break;
+
+/* x [m, k] float32, y [m, n] float32; k a multiple of 32, n of 16. Returns 0, or -1
+   when out of memory. */
+int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int threads) {
+    int64_t groups = k / GROUP;
+    int8_t *xq = (int8_t *)malloc((size_t)(m * k));
+    float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
+    float *group_sum = (float *)malloc(sizeof(float) * (size_t)(m * groups));
+    if (!xq || !row_scale || !group_sum) {
+        free(xq), free(row_scale), free(group_sum);
+        return -1;
+    }
+    quantize_rows(x, m, k, xq, row_scale, group_sum);
+    int64_t columns = n / CHANNELS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < columns; c++) {
+        const uint8_t *blocks = weights + c * groups * BLOCK_BYTES;
+        for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+            int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
+            switch (rows) {
+                ROWS_CASE(1)
+                ROWS_CASE(2)
+                ROWS_CASE(3)
+                ROWS_CASE(4)
+                ROWS_CASE(5)
+                ROWS_CASE(6)
+                ROWS_CASE(7)
+                ROWS_CASE(8)
+            }
+        }
+    }
+    free(xq), free(row_scale), free(group_sum);
+    return 0;
+}

@@ -1,0 +1,117 @@
+"""4-bit target weights (core/models/int4.py): the kernel computes the 4-bit
+product, a row's result never depends on the rows beside it, Q4_K tensors read
+from a GGUF file are the weights the file holds, and speculative decoding of a
+4-bit target gives the tokens of its plain decoding."""
+
+import mmap
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize
+from omnidraft.core.engine import Engine, LearnSettings
+from omnidraft.core.events import TurnFinished
+from omnidraft.core.models import int4, loader, quantize
+from omnidraft.core.models.catalog import ModelCatalog
+from omnidraft.core.models.int4 import Int4Linear
+from omnidraft.core.models.quantize import Int8Linear, int4_count, q4_k_reader, quantize_int8
+
+from tests.tiny import tiny_qwen2
+
+pytestmark = pytest.mark.skipif(int4.unavailable() is not None, reason=f"{int4.unavailable()}")
+
+
+def fit_grid(weight: torch.Tensor):
+    """Any weight rounded onto a 4-bit grid (as the drafter's are)."""
+    return int4.fit(weight)
+
+
+def _layer(n=256, k=512, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    scale = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3).half()
+    offset = (-torch.rand(n, k // 32, generator=g) * 0.05).half()
+    return q, scale, offset
+
+
+def test_the_kernel_computes_the_4_bit_product_of_int8_rows():
+    q, scale, offset = _layer()
+    x = torch.randn(11, 512)
+    x[4] *= 300  # an outlier row
+    got = int4.q4_mm(x, int4.pack(q, scale, offset), 256)
+    # The kernel's arithmetic: each row on its own int8 scale, exact integer products.
+    row_scale = x.abs().amax(1, keepdim=True) / 127
+    xq = (x / row_scale).round()
+    want = (xq.double() @ int4.dequantize(q, scale, offset).double().T) * row_scale.double()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    assert float((got - x @ int4.dequantize(q, scale, offset).T).norm() / got.norm()) < 0.02
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
+    layer = Int4Linear(torch.nn.Linear(512, 256), _layer())
+    x = torch.randn(20, 512)
+    x[3] *= 1000
+    batched = layer(x)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(20)])
+    assert torch.equal(batched, alone)  # 20 rows: two full chunks of 8 and a partial one
+    assert torch.equal(layer(x[:5]), batched[:5])
+
+
+def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
+    n, k = 32, 512
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, size=(n * k // 256, 144), dtype=np.uint8)
+    blocks[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)  # finite d, dmin
+    path = tmp_path / "q4k.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", blocks.reshape(n, -1), raw_dtype=GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    want = torch.from_numpy(dequantize(blocks.reshape(n, -1), GGMLQuantizationType.Q4_K).astype(np.float32))
+
+    read = q4_k_reader(path)
+    quantized = read("model.layers.0.mlp.up_proj", want.bfloat16())
+    assert quantized is not None
+    # Up to the fp16 rounding of the group scales (2^-11 of each: finer than bf16).
+    torch.testing.assert_close(int4.dequantize(*quantized), want, rtol=0, atol=float(want.abs().max()) * 2**-10)
+    # Not the loaded weight (a tensor stored in another order), or not a Q4_K layer: int8.
+    assert read("model.layers.0.mlp.up_proj", want.flip(0)) is None
+    assert read("model.layers.0.mlp.down_proj", want) is None
+    assert read("lm_head", want) is None
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+        assert buffer[:4] == b"GGUF"
+
+
+def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypatch):
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    model = tiny_qwen2(len(qwen_tok))
+    quantize_int8(model, lambda name, w: fit_grid(w) if name.endswith("mlp.gate_proj") else None)
+    assert isinstance(model.model.layers[0].mlp.gate_proj, Int4Linear)
+    assert isinstance(model.model.layers[0].mlp.up_proj, Int8Linear)
+    assert int4_count(model) == len(model.model.layers)
+    assert quantize.streamed_bytes(model) < sum(
+        m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
+
+
+def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(tmp_path, qwen_tok, monkeypatch):
+    from omnidraft.core.decoding.sampling import GenerationConfig
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    monkeypatch.setattr(loader, "_four_bit", lambda entry: lambda name, w: fit_grid(w))
+    model = tiny_qwen2(len(qwen_tok), seed=1)
+    model.save_pretrained(tmp_path)
+    qwen_tok.save_pretrained(tmp_path)
+    engine = Engine(ModelCatalog(), dtype=torch.float32, int8=True, learn_settings=LearnSettings(enabled=False))
+    engine.load_target(str(tmp_path), measure_baseline=False)
+    assert int4_count(engine.target.model) == 7 * len(model.model.layers) + 1  # the LM head too
+    assert engine.target.runner.kind == "lean"
+    assert "4-bit weights" in engine.describe_target().runs_as
+    cfg = GenerationConfig(max_new_tokens=32)
+    for prompt in ("def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "The snowflake fell. The"):
+        plain = next(e for e in engine.complete(prompt, cfg) if isinstance(e, TurnFinished))
+        spec = next(e for e in engine.complete(prompt, cfg, speculative=True) if isinstance(e, TurnFinished))
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.proposed > 0
