@@ -1,12 +1,13 @@
-"""How close and how fast the int8 target is (core/models/quantize.py), against bf16.
+"""How close and how fast the quantized target is (core/models/quantize.py, int4.py), against bf16.
 
 For a catalog target: bf16 greedy continuations of the first N dev prompts (every
 other one chat-formatted) are the reference; each variant is then scored by
 teacher-forced top-1 agreement with them and by their mean negative log-likelihood
 (lower is better), and timed for one forward of 1 / 2 / 5 / 8 new tokens after a
-200-token context (best of 5). Variants: bf16, int8 (the engine's: per-row
-activation scales), and int8 with one activation scale per call (fbgemm's own
-dynamic quantization, which the engine avoids).
+200-token context (best of 5). Variants: bf16, int4 (the engine's default: the
+file's Q4_K layers in 4 bits, the rest int8), int8 (per-row activation scales),
+and int8 with one activation scale per call (fbgemm's own dynamic quantization,
+which the engine avoids).
 
     .venv/bin/python scripts/quant_check.py --target qwen2.5-coder-1.5b-instruct --json out.json
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from omnidraft.core.models import quantize
 from omnidraft.core.models.catalog import ModelCatalog
-from omnidraft.core.models.loader import load
+from omnidraft.core.models.loader import load, source_path
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = (1, 2, 5, 8)
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=12)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--variants", default="bf16,int4,int8,int8 one scale per call")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -92,14 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     entry = ModelCatalog().get(args.target)
     report: dict = {"target": entry.name, "prompts": min(args.limit, len(prompts)), "threads": args.threads}
     refs = None
-    for variant in ("bf16", "int8", "int8 one scale per call"):
+    for variant in args.variants.split(","):
         loaded = load(entry, torch.bfloat16)
         if refs is None:
             refs = references(loaded.model, loaded.tokenizer, prompts[: args.limit], args.new_tokens)
         seconds = 0.0
         if variant != "bf16":
             start = time.perf_counter()
-            quantize.quantize_int8(loaded.model)
+            four_bit = quantize.q4_k_reader(source_path(entry)) if variant == "int4" else None
+            quantize.quantize_int8(loaded.model, four_bit)
             seconds = time.perf_counter() - start
         saved = quantize.Int8Linear.forward
         if variant == "int8 one scale per call":
