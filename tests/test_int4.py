@@ -22,11 +22,6 @@ from tests.tiny import tiny_qwen2
 pytestmark = pytest.mark.skipif(int4.unavailable() is not None, reason=f"{int4.unavailable()}")
 
 
-def fit_grid(weight: torch.Tensor):
-    """Any weight rounded onto a 4-bit grid (as the drafter's are)."""
-    return int4.fit(weight)
-
-
 def _layer(n=256, k=512, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
@@ -88,7 +83,7 @@ def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
 def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypatch):
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
     model = tiny_qwen2(len(qwen_tok))
-    quantize_int8(model, lambda name, w: fit_grid(w) if name.endswith("mlp.gate_proj") else None)
+    quantize_int8(model, lambda name, w: int4.fit(w) if name.endswith("mlp.gate_proj") else None)
     assert isinstance(model.model.layers[0].mlp.gate_proj, Int4Linear)
     assert isinstance(model.model.layers[0].mlp.up_proj, Int8Linear)
     assert int4_count(model) == len(model.model.layers)
@@ -100,7 +95,7 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(tmp_p
     from omnidraft.core.decoding.sampling import GenerationConfig
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
-    monkeypatch.setattr(loader, "_four_bit", lambda entry: lambda name, w: fit_grid(w))
+    monkeypatch.setattr(loader, "_four_bit", lambda entry: lambda name, w: int4.fit(w))
     model = tiny_qwen2(len(qwen_tok), seed=1)
     model.save_pretrained(tmp_path)
     qwen_tok.save_pretrained(tmp_path)

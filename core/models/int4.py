@@ -15,10 +15,11 @@ torch already loaded, so its threads are torch's. It needs AVX-512 with VNNI;
 without it or a compiler, targets keep int8 weights (core/models/quantize.py)
 and model info says why.
 
-Which tensors: only a weight whose every group of 32 inputs already lies on a
-16-level affine grid (a GGUF Q4_K/Q4_0/Q4_1 tensor, de-quantized) is stored in 4
-bits; anything else (Q6_K and Q8 tensors, float models) stays int8, so 4 bits
-never costs accuracy the file did not already have.
+Which tensors: a target's layers its GGUF file stores as Q4_K, read from the
+file and checked against the loaded weight (read_q4_k, matches); anything else
+(Q6_K and Q8 tensors, float models) stays int8, so 4 bits never costs a target
+accuracy the file did not already have. The drafter's projections are rounded
+to 4 bits (fit), where only acceptance depends on the rounding.
 """
 
 from __future__ import annotations
@@ -39,11 +40,6 @@ from ..storage.paths import cache_dir
 GROUP = 32  # inputs per (scale, offset)
 CHANNELS = 16  # output channels per block
 BLOCK_BYTES = 320  # 16 x 32 nibbles + 16 fp16 scales + 16 fp16 offsets
-# A group's worst reconstruction error, in 4-bit steps, below which the weight
-# counts as 4-bit already: a de-quantized 4-bit tensor is off its grid only by the
-# bf16 rounding of its values (a few hundredths of a step); one with more levels
-# (Q5, Q6_K, Q8, float) errs by up to half a step in nearly every group.
-GRID_TOLERANCE = 0.25
 _SOURCE = Path(__file__).with_name("int4_gemm.c")
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma",
           "-fopenmp", "-shared", "-fPIC"]

@@ -91,11 +91,10 @@ def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> in
     four_bit(module name, weight): a layer's 4-bit form (int4.Int4Linear), or None
     for int8 (see q4_k_reader)."""
     replaced = 0
-    q4_k = four_bit
     for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.numel() >= MIN_WEIGHTS:
-                four = q4_k(f"{prefix}.{name}" if prefix else name, child.weight) if q4_k else None
+                four = four_bit(f"{prefix}.{name}" if prefix else name, child.weight) if four_bit else None
                 setattr(module, name, int4.Int4Linear(child, four) if four else Int8Linear(child))
                 replaced += 1
     if getattr(model.config, "tie_word_embeddings", False):
