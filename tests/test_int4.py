@@ -110,3 +110,31 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(tmp_p
         spec = next(e for e in engine.complete(prompt, cfg, speculative=True) if isinstance(e, TurnFinished))
         assert spec.token_ids == plain.token_ids
         assert spec.stats.proposed > 0
+
+
+def test_joined_layers_compute_what_each_computes_alone_and_share_its_weights():
+    layers = [Int4Linear(torch.nn.Linear(512, n), _layer(n, 512, seed=n)) for n in (256, 64, 64)]
+    x = torch.randn(5, 512)
+    alone = torch.cat([layer(x) for layer in layers], dim=-1)
+    joined = int4.join(layers)
+    assert torch.equal(joined(x), alone)
+    # The layers now hold views of the joined weights (no second copy) and still
+    # compute what they did: transformers' own forward of the target uses them.
+    assert all(layer._packed._base is not None for layer in layers)
+    assert torch.equal(torch.cat([layer(x) for layer in layers], dim=-1), alone)
+
+
+def test_a_4_bit_lean_target_computes_what_transformers_computes_on_the_same_weights(qwen_tok, monkeypatch):
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    model = tiny_qwen2(len(qwen_tok), seed=2)
+    quantize_int8(model, lambda name, w: int4.fit(w))
+    ids = list(range(100, 130))
+    with torch.inference_mode():
+        before = model(torch.tensor([ids])).logits[0]
+    lean = TargetRunner(model).session().forward(ids)  # joins q/k/v and gate/up
+    with torch.inference_mode():
+        after = model(torch.tensor([ids])).logits[0]
+    assert torch.equal(before, after)
+    torch.testing.assert_close(lean, after, atol=1e-3, rtol=1e-3)

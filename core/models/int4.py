@@ -200,3 +200,28 @@ class Int4Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4"
+
+
+def join(layers: list[Int4Linear]):
+    """One product for several 4-bit layers of the same input (a target's q/k/v,
+    its gate/up): their packed weights laid end to end, each layer keeping a view
+    of its part, so no second copy exists. Output channels are computed
+    independently from the same int8 rows, so each part of the result is, bit for
+    bit, what its layer computes alone; one call instead of several saves the
+    activations' quantization and a kernel launch per layer."""
+    packed = torch.cat([layer._packed for layer in layers])
+    start = 0
+    for layer in layers:
+        rows = layer._packed.shape[0]
+        layer._packed = packed[start : start + rows]
+        start += rows
+    width, out = layers[0].in_features, sum(layer.out_features for layer in layers)
+    biases = [layer.bias for layer in layers]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else torch.zeros(layer.out_features) for b, layer in zip(biases, layers)])
+
+    def project(x: torch.Tensor) -> torch.Tensor:
+        y = q4_mm(x.reshape(-1, width), packed, out)
+        return y if bias is None else y + bias
+
+    return project
