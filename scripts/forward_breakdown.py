@@ -22,16 +22,30 @@ from omnidraft.core.models.loader import load
 HEAD_MIN = 100_000  # an output this wide is the LM head
 
 
-def timed(cls, totals: collections.Counter, kind: str) -> None:
-    forward = cls.forward
+def time_int8(totals: collections.Counter) -> None:
+    forward = quantize.Int8Linear.forward
 
     def wrapper(self, x):
         start = time.perf_counter()
         y = forward(self, x)
-        totals["head" if self.out_features >= HEAD_MIN else kind] += time.perf_counter() - start
+        totals["head" if self.out_features >= HEAD_MIN else "int8"] += time.perf_counter() - start
         return y
 
-    cls.forward = wrapper
+    quantize.Int8Linear.forward = wrapper
+
+
+def time_int4(totals: collections.Counter) -> None:
+    """Every 4-bit product of the target: its layers' own and the joined q/k/v and
+    gate/up (int4.join) go through int4.q4_mm."""
+    product = int4.q4_mm
+
+    def wrapper(rows, packed, out_features):
+        start = time.perf_counter()
+        y = product(rows, packed, out_features)
+        totals["int4"] += time.perf_counter() - start
+        return y
+
+    int4.q4_mm = wrapper
 
 
 def main() -> None:
@@ -45,8 +59,8 @@ def main() -> None:
     ids = target.tokenizer(text)["input_ids"][: args.context_tokens]
     net = target.runner.net
     totals: collections.Counter = collections.Counter()
-    timed(int4.Int4Linear, totals, "int4")
-    timed(quantize.Int8Linear, totals, "int8")
+    time_int4(totals)
+    time_int8(totals)
 
     def show(label: str, ms: float, reps: int) -> None:
         parts = "  ".join(f"{k} {1000 * v / reps:6.1f}" for k, v in sorted(totals.items()))
