@@ -138,3 +138,29 @@ def test_a_4_bit_lean_target_computes_what_transformers_computes_on_the_same_wei
         after = model(torch.tensor([ids])).logits[0]
     assert torch.equal(before, after)
     torch.testing.assert_close(lean, after, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("build", ["llama", "qwen2"])
+def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_compute(build, qwen_tok):
+    """The drafter's 4-bit layers run as one kernel call (int4.DecoderStack); the
+    same layers as torch ops are the reference: a prompt, one-token steps, a
+    several-token re-sync and a rollback, Qwen2's q/k/v biases included."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(len(qwen_tok), seed=3) if build == "llama" else tiny_qwen2(len(qwen_tok), seed=3)
+    net = LeanLlama(model, int8=True, int4=True)
+    assert net.stack is not None
+    stack = net.stack
+
+    def run(use_stack: bool) -> torch.Tensor:
+        net.stack = stack if use_stack else None
+        net.reset()
+        out = [net.forward(list(range(100, 140)))[0], net.forward([7])[0], net.forward([8, 9, 10])[0]]
+        net.rollback(41)
+        out += [net.forward([11, 12])[0], net.forward([13])[0]]
+        assert net.length == 44
+        return torch.cat(out)
+
+    torch.testing.assert_close(run(True), run(False), atol=1e-3, rtol=1e-3)

@@ -40,7 +40,8 @@ from ..storage.paths import cache_dir
 GROUP = 32  # inputs per (scale, offset)
 CHANNELS = 16  # output channels per block
 BLOCK_BYTES = 320  # 16 x 32 nibbles + 16 fp16 scales + 16 fp16 offsets
-_SOURCE = Path(__file__).with_name("int4_gemm.c")
+# The 4-bit product, and the drafter's whole decoder stack built on it.
+_SOURCES = [Path(__file__).with_name(name) for name in ("int4_gemm.c", "decoder_stack.c")]
 _FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma",
           "-fopenmp", "-shared", "-fPIC"]
 
@@ -58,14 +59,14 @@ def _library() -> ctypes.CDLL | KernelUnavailable:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return KernelUnavailable("no C compiler to build the 4-bit kernel (install gcc)")
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     tag = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
     built = cache_dir() / "kernels" / f"int4_gemm-{tag}.so"
     if not built.exists():
         built.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=built.parent) as tmp:
             out = Path(tmp) / built.name
-            done = subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(out), "-lm"],
+            done = subprocess.run([compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(out), "-lm"],
                                   capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 return KernelUnavailable(f"the 4-bit kernel did not build: {done.stderr.strip()[-300:]}")
@@ -74,6 +75,10 @@ def _library() -> ctypes.CDLL | KernelUnavailable:
     lib.q4_gemm.restype = ctypes.c_int
     lib.q4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    lib.decoder_stack.restype = ctypes.c_int
+    lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_float, ctypes.c_int]
     return lib
 
 
@@ -225,3 +230,52 @@ def join(layers: list[Int4Linear]):
         return y if bias is None else y + bias
 
     return project
+
+
+class _Projection(ctypes.Structure):
+    _fields_ = [("packed", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("qkv", _Projection),
+                ("o", _Projection), ("gate_up", _Projection), ("down", _Projection)]
+
+
+class DecoderStack:
+    """A Llama-family decoder stack whose projections are all 4-bit, run as one
+    kernel call (decoder_stack.c): the drafter's forward without torch's per-op
+    overhead. layers: per layer (norm1, qkv, o, norm2, gate_up, down), each
+    projection with .packed4 (pack's layout), .bias (or None) and .out_features."""
+
+    def __init__(self, layers: list[tuple], n_heads: int, n_kv: int, head_dim: int, eps: float):
+        self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
+        self._keep = []  # the tensors the structs point into
+
+        def ptr(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.detach().contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        def projection(p) -> _Projection:
+            bias = None if p.bias is None else p.bias.float()
+            return _Projection(ptr(p.packed4), ptr(bias), p.out_features)
+
+        self._layers = (_Layer * len(layers))(*[
+            _Layer(ptr(n1.float()), ptr(n2.float()), projection(qkv), projection(o), projection(gu), projection(down))
+            for n1, qkv, o, n2, gu, down in layers])
+        self.hidden = layers[0][0].numel()
+        self.inter = layers[0][4].out_features // 2
+
+    def __call__(self, x: torch.Tensor, start: int, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """x [n, hidden] float32 (the embeddings of positions start..) becomes, in
+        place, the last layer's residual stream; the new keys and values go into
+        kv [layers, 2, kv heads, capacity, head_dim] (float32, contiguous)."""
+        lib = _library()
+        if isinstance(lib, KernelUnavailable):
+            raise lib
+        if lib.decoder_stack(x.data_ptr(), x.shape[0], start, self._layers, len(self._layers), kv.data_ptr(),
+                             kv.shape[3], cos.data_ptr(), sin.data_ptr(), self.hidden, self.n_heads, self.n_kv,
+                             self.head_dim, self.inter, self.eps, torch.get_num_threads()):
+            raise MemoryError("out of memory in the 4-bit decoder stack")

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
-from .int4 import Int4Linear, q4_mm
+from .int4 import DecoderStack, Int4Linear, q4_mm
 from .int4 import fit as int4_fit
 from .int4 import join as int4_join
 from .int4 import pack as pack_int4
@@ -135,6 +135,7 @@ class LeanLlama:
             table = self._w(inner.embed_tokens.weight)
             self.embed = lambda ids: table[ids]
         self.layers = [self._layer(i, weights or {}) for i in range(self._n_layers)]
+        self.stack = self._stack()
         self.final_norm = self._w(inner.norm.weight)
         head = hf_model.get_output_embeddings()
         # head_ids: drafter token ids kept in the LM head; logits come back in that order.
@@ -210,8 +211,18 @@ class LeanLlama:
                 return False
             layers.append(self._layer(i, weights or {}))
         self.layers = layers
+        self.stack = self._stack()
         self.length = 0
         return True
+
+    def _stack(self) -> DecoderStack | None:
+        """The layers as one kernel call when every projection is 4-bit (the
+        drafter's usual form): ~2.5x faster than the same layers as torch ops."""
+        if self.share or not self.int4 or self.head_dim % 16:
+            return None
+        if any(p.packed4 is None for layer in self.layers for p in (layer[1], layer[2], layer[4], layer[5])):
+            return None
+        return DecoderStack(self.layers, self.n_heads, self.n_kv, self.head_dim, self.eps)
 
     def reset(self) -> None:
         self.length = 0
@@ -267,6 +278,10 @@ class LeanLlama:
         x = self.embed(ids).to(self.dtype)
         cos, sin = self.cos[start:end], self.sin[start:end]
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
+        if self.stack is not None:
+            x = x.contiguous()
+            self.stack(x, start, self.kv, self.cos, self.sin)
+            return self._finish(x, end, last)
         mask = None
         if n > 1:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
@@ -283,6 +298,9 @@ class LeanLlama:
             x = x + o_proj(att.transpose(0, 1).reshape(n, hq * d))
             gate, up = gate_up_proj(self._norm(x, ln2)).chunk(2, dim=-1)
             x = x + down_proj(F.silu(gate) * up)
+        return self._finish(x, end, last)
+
+    def _finish(self, x: torch.Tensor, end: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.length = end
         if last:
             x = x[-last:]

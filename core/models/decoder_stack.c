@@ -1,0 +1,174 @@
+/* A Llama-family decoder stack in one call, every projection 4-bit (int4_gemm.c):
+the drafter's forward (core/models/lean_llama.py, LeanLlama with 4-bit weights).
+
+Why: the drafter's weights stream in ~2 ms, but a forward of its 30 layers as
+torch ops costs ~6 ms, most of it per-op overhead (~25 small ops a layer:
+norms, RoPE, the KV copy, attention on one query row). Here a layer is its four
+4-bit products and plain loops between them, and the whole stack is one call.
+
+Per layer, for the n new rows at positions start..start+n-1:
+  h = rms_norm(x) * norm1;  q, k, v = h Wqkv^T (+ b);  RoPE on q and k;
+  keys/values of the new positions into the cache; causal grouped-query attention;
+  x += att Wo^T;  h = rms_norm(x) * norm2;  gate, up = h Wgu^T;  x += (silu(gate) * up) Wd^T.
+x comes in as the embeddings and leaves as the last layer's residual stream (the
+final norm and LM head stay in torch). Cache layout [layer, 2, kv head, capacity,
+head_dim], as LeanLlama holds it; cos/sin [capacity, head_dim] from the model's
+own rotary embedding, so every RoPE variant comes out as the model computes it.
+*/
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int threads);
+
+typedef struct {
+    const uint8_t *packed; /* int4_gemm.c's block layout */
+    const float *bias;     /* NULL: none */
+    int64_t out;
+} Projection;
+
+typedef struct {
+    const float *norm1, *norm2;
+    Projection qkv, o, gate_up, down;
+} Layer;
+
+static void rms_norm(const float *x, const float *w, float eps, int64_t n, int64_t dim, float *out) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * dim;
+        float ss = 0.0f;
+        for (int64_t i = 0; i < dim; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int64_t i = 0; i < dim; i++) out[r * dim + i] = xr[i] * inv * w[i];
+    }
+}
+
+static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int threads) {
+    if (q4_gemm(x, n, k, p->packed, p->out, y, threads)) return -1;
+    if (p->bias)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < p->out; i++) y[r * p->out + i] += p->bias[i];
+    return 0;
+}
+
+/* x * cos + rotate_half(x) * sin, in place, for one head's vector at one position. */
+static void rope(float *x, const float *cos, const float *sin, int64_t d) {
+    int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* e^x for 16 floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
+   2^n by VSCALEF; relative error ~1e-7). The loops' scalar expf cost more than
+   the 4-bit products of a one-token step. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* One query row of one head over `seen` cached positions; d a multiple of 16. */
+static void attend(const float *q, const float *keys, const float *values, int64_t seen, int64_t d, float scale,
+                   float *sc, float *out) {
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    for (int64_t p = 0; p < seen; p++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t i = 0; i < d; i += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(keys + p * d + i), acc);
+        sc[p] = _mm512_reduce_add_ps(acc) * scale;
+    }
+    for (int64_t p = 0; p < seen; p += 16) {
+        __mmask16 m = seen - p >= 16 ? 0xFFFF : (__mmask16)((1u << (seen - p)) - 1);
+        best = _mm512_mask_max_ps(best, m, best, _mm512_maskz_loadu_ps(m, sc + p));
+    }
+    __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best)), sum = _mm512_setzero_ps();
+    for (int64_t p = 0; p < seen; p += 16) {
+        __mmask16 m = seen - p >= 16 ? 0xFFFF : (__mmask16)((1u << (seen - p)) - 1);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), top));
+        _mm512_mask_storeu_ps(sc + p, m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    }
+    float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    for (int64_t i = 0; i < d; i += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t p = 0; p < seen; p++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[p]), _mm512_loadu_ps(values + p * d + i), acc);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+    }
+}
+
+/* out = silu(gate) * up over `count` values (a multiple of 16). */
+static void silu_mul(const float *gate, const float *up, int64_t count, float *out) {
+    for (int64_t i = 0; i < count; i += 16) {
+        __m512 g = _mm512_loadu_ps(gate + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+    }
+}
+
+/* Returns 0, or -1 when out of memory. head_dim and the MLP width: multiples of 16. */
+int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64_t n_layers, float *kv,
+                  int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
+                  int64_t n_kv, int64_t d, int64_t inter, float eps, int threads) {
+    int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
+    float *h = malloc(sizeof(float) * (size_t)(n * hidden));
+    float *qkv = malloc(sizeof(float) * (size_t)(n * qkv_width));
+    float *att = malloc(sizeof(float) * (size_t)(n * n_heads * d));
+    float *gu = malloc(sizeof(float) * (size_t)(n * 2 * inter));
+    float *act = malloc(sizeof(float) * (size_t)(n * inter));
+    int failed = !h || !qkv || !att || !gu || !act;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int64_t l = 0; l < n_layers && !failed; l++) {
+        const Layer *L = layers + l;
+        float *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
+        rms_norm(x, L->norm1, eps, n, hidden, h);
+        if (project(&L->qkv, h, n, hidden, qkv, threads)) { failed = 1; break; }
+        for (int64_t r = 0; r < n; r++) {
+            float *row = qkv + r * qkv_width;
+            const float *c = cos + (start + r) * d, *s = sin + (start + r) * d;
+            for (int64_t hd = 0; hd < n_heads + n_kv; hd++) rope(row + hd * d, c, s, d);
+            for (int64_t j = 0; j < n_kv; j++) {
+                memcpy(keys + (j * capacity + start + r) * d, row + (n_heads + j) * d, sizeof(float) * d);
+                memcpy(values + (j * capacity + start + r) * d, row + (n_heads + n_kv + j) * d, sizeof(float) * d);
+            }
+        }
+#pragma omp parallel num_threads(threads)
+        {
+            float *scores = malloc(sizeof(float) * (size_t)end);  /* this thread's, one row's at a time */
+            if (!scores) failed = 1;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < n_heads * n; t++) {
+                int64_t hd = t / n, r = t % n, j = hd / group;
+                if (scores)
+                    attend(qkv + r * qkv_width + hd * d, keys + j * capacity * d, values + j * capacity * d,
+                           start + r + 1, d, scale, scores, att + r * n_heads * d + hd * d);
+            }
+            free(scores);
+        }
+        if (failed) break;
+        if (project(&L->o, att, n, n_heads * d, h, threads)) { failed = 1; break; }
+        for (int64_t i = 0; i < n * hidden; i++) x[i] += h[i];
+        rms_norm(x, L->norm2, eps, n, hidden, h);
+        if (project(&L->gate_up, h, n, hidden, gu, threads)) { failed = 1; break; }
+        for (int64_t r = 0; r < n; r++) silu_mul(gu + r * 2 * inter, gu + r * 2 * inter + inter, inter, act + r * inter);
+        if (project(&L->down, act, n, inter, h, threads)) { failed = 1; break; }
+        for (int64_t i = 0; i < n * hidden; i++) x[i] += h[i];
+    }
+    free(h), free(qkv), free(att), free(gu), free(act);
+    return failed ? -1 : 0;
+}
