@@ -59,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--methods", default=",".join(METHODS),
-        help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens)",
+        help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
+        "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops)",
     )
     p.add_argument(
         "--drafter",
@@ -107,7 +108,7 @@ def _method_list(text: str) -> list[str]:
     unknown = [m for m in names if not is_method(m)]
     if unknown or not names:
         raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
-                         "or omnidraft-kN (a fixed draft length N, 1 to 16)")
+                         "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 

@@ -8,6 +8,9 @@
   omnidraft-kN  the same, drafting exactly N drafter tokens per drafter step (no
              stop rule: neither the confidence nor the acceptance head cuts a
              draft short), the fixed draft lengths adaptive drafting must beat
+  omnidraft-maxN  the engine's stop rules with at most N drafter tokens per step
+  omnidraft-unpriced  the engine's drafting without priced stops (DraftPrices):
+             the fixed confidence rule they replace
   llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text
@@ -48,6 +51,8 @@ WARMUP_TOKENS = 4
 
 
 FIXED_LENGTH = re.compile(r"omnidraft-k([1-9]|1[0-6])")
+CAPPED_LENGTH = re.compile(r"omnidraft-max([1-9]|1[0-6])")
+UNPRICED = "omnidraft-unpriced"
 
 
 def fixed_length(name: str) -> int | None:
@@ -56,8 +61,17 @@ def fixed_length(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def draft_overrides(name: str) -> dict | None:
+    """The engine's draft settings a drafting variant swaps in (None: not a variant)."""
+    if (k := fixed_length(name)) is not None:
+        return {"k": k, "min_confidence": 0.0, "gamma": None, "priced": False}
+    if match := CAPPED_LENGTH.fullmatch(name):
+        return {"k": int(match.group(1))}
+    return {"priced": False} if name == UNPRICED else None
+
+
 def is_method(name: str) -> bool:
-    return name in METHODS or fixed_length(name) is not None
+    return name in METHODS or draft_overrides(name) is not None
 
 
 class BenchError(Exception):
@@ -113,6 +127,10 @@ def trim(ids: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
 
 def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> Runner:
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
+        if speculative and (drafter := getattr(engine, "drafter", None)) is not None:
+            # Every method reads the prompt afresh: the drafter keeps the context it
+            # read last, so the method run before would otherwise read it for this one.
+            drafter.forget_context()
         if chat:
             events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
         else:
@@ -131,19 +149,21 @@ def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> R
     return run
 
 
-def fixed_length_runner(engine: Engine, k: int, chat: bool = False) -> Runner:
-    """omnidraft drafting k tokens every drafter step: the engine's draft settings
-    are swapped for the call (k, no stop rule) and restored after."""
+def variant_runner(engine: Engine, overrides: dict, chat: bool = False) -> Runner:
+    """omnidraft with some of the engine's draft settings swapped for the call
+    (draft_overrides) and restored after."""
     speculative = engine_runner(engine, True, chat)
 
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
         settings = engine.draft_settings
-        saved = (settings.k, settings.min_confidence, settings.gamma)
-        settings.k, settings.min_confidence, settings.gamma = k, 0.0, None
+        saved = {name: getattr(settings, name) for name in overrides}
+        for name, value in overrides.items():
+            setattr(settings, name, value)
         try:
             return speculative(prompt, cfg)
         finally:
-            settings.k, settings.min_confidence, settings.gamma = saved
+            for name, value in saved.items():
+                setattr(settings, name, value)
 
     return run
 
@@ -284,8 +304,8 @@ def build_methods(
     if "omnidraft" in args.methods:
         made["omnidraft"] = Method("omnidraft", engine_runner(engine, True, args.chat))
     for name in args.methods:
-        if (k := fixed_length(name)) is not None:
-            made[name] = Method(name, fixed_length_runner(engine, k, args.chat))
+        if (overrides := draft_overrides(name)) is not None:
+            made[name] = Method(name, variant_runner(engine, overrides, args.chat))
     drafting = [m for m in made.values() if m.name.startswith("omnidraft")]
     for m in made.values():
         warm_up(m)

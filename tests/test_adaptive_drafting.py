@@ -9,6 +9,7 @@ from omnidraft.core.decoding.adaptive_drafting import (
     EXPLORE_EVERY,
     MIN_STEPS,
     DraftPolicy,
+    DraftPrices,
     lookup_source,
 )
 from omnidraft.core.decoding.sampling import GenerationConfig
@@ -100,3 +101,41 @@ def test_decoding_records_each_source_and_stays_lossless_when_lookups_are_refuse
     assert done.token_ids == plain.token_ids
     assert done.stats.lookup_steps <= 1 + done.stats.steps // EXPLORE_EVERY
     assert sure.summary() == frozen  # evaluation does not teach it
+
+
+def test_prices_come_from_measured_costs_and_set_how_far_the_drafter_drafts():
+    prices = DraftPrices()
+    assert prices.threshold() is None  # nothing measured: the drafter's fixed rules apply
+    for _ in range(10):
+        prices.record_draft(forwards=2, seconds=0.006)  # 3 ms a drafter forward
+        prices.record_step(rows=2, verify_seconds=0.040, step_seconds=0.050, tokens=2)
+        prices.record_step(rows=4, verify_seconds=0.046, step_seconds=0.050, tokens=2)
+    # (3 ms forward + 3 ms a verification row) / 25 ms a target token
+    assert prices.threshold() == pytest.approx(0.24)
+    # A slower target token is worth more drafting: the bar falls.
+    for _ in range(200):
+        prices.record_step(rows=2, verify_seconds=0.040, step_seconds=0.100, tokens=2)
+        prices.record_step(rows=4, verify_seconds=0.046, step_seconds=0.100, tokens=2)
+    assert prices.threshold() == pytest.approx(0.12, rel=1e-3)
+
+
+def test_a_priced_drafter_drafts_while_its_chances_cover_the_price_and_answers_stay_the_same(cross, gemma_tok):
+    target, drafter, bridge = cross
+    cfg = GenerationConfig(max_new_tokens=24)
+    prompt = PROMPTS[1]
+    ids = gemma_tok(prompt)["input_ids"]
+    prefix = drafter.tokenizer(prompt)["input_ids"]
+    plain = run_plain(target, gemma_tok, prompt, cfg)
+    drafted = {}
+    for price in (0.0, 1.0):
+        policy = DraftPolicy()
+        policy.prices.threshold = lambda price=price: price
+        done = list(generate_speculative(TargetRunner(target), gemma_tok, drafter, bridge, ids, prefix, cfg, set(),
+                                         SpecOptions(prompt_lookup=False), policy=policy))[-1]
+        assert done.token_ids == plain.token_ids  # where drafting stops changes no token
+        drafted[price] = done.stats.proposed / max(1, done.stats.steps - 1)
+        assert policy.prices.verify  # the engine measures as it goes
+        assert (policy.prices.forward.weight > 0) == (price == 0.0)  # a one-token draft runs no forward
+    # Free drafting drafts up to k; a price no chance covers stops after one token.
+    assert drafted[0.0] > drafted[1.0]
+    assert drafted[1.0] <= 1.5

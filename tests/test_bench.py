@@ -117,7 +117,7 @@ def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, pr
         assert (k - 1) * drafter_steps < drafted <= k * drafter_steps
 
 
-def test_a_fixed_length_run_restores_the_engines_draft_settings(home):
+def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home):
     from omnidraft.core.decoding.drafter import DraftSettings
 
     seen = []
@@ -125,16 +125,18 @@ def test_a_fixed_length_run_restores_the_engines_draft_settings(home):
     class Recording(Engine):
         def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):
             s = self.draft_settings
-            seen.append((s.k, s.min_confidence, s.gamma))
+            seen.append((s.k, s.min_confidence, s.gamma, s.priced))
             yield TurnFinished("x", "length", TurnStats(method="omnidraft", new_tokens=1), [5])
 
     engine = Recording(draft_settings=DraftSettings(k=4, min_confidence=0.5, gamma=0.6))
-    runners.fixed_length_runner(engine, 6)("p", GenerationConfig(max_new_tokens=1))
-    assert seen == [(6, 0.0, None)]
+    for name in ("omnidraft-k6", "omnidraft-max7", "omnidraft-unpriced"):
+        runners.variant_runner(engine, runners.draft_overrides(name))("p", GenerationConfig(max_new_tokens=1))
+    assert seen == [(6, 0.0, None, False), (7, 0.5, 0.6, True), (4, 0.5, 0.6, False)]
     s = engine.draft_settings
-    assert (s.k, s.min_confidence, s.gamma) == (4, 0.5, 0.6)
+    assert (s.k, s.min_confidence, s.gamma, s.priced) == (4, 0.5, 0.6, True)
     assert runners.fixed_length("omnidraft-k16") == 16
     assert runners.fixed_length("omnidraft-k0") is None and runners.fixed_length("omnidraft-k17") is None
+    assert not runners.is_method("omnidraft-max0") and runners.is_method("omnidraft-max16")
 
 
 def test_omnidraft_refuses_the_engines_plain_fallback(home):

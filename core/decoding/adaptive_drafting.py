@@ -19,6 +19,16 @@ step in EXPLORE_EVERY still takes the lookup, so its figure stays current as
 the drafter changes. The decay lets the drafter's figure follow its learning.
 Saved per target with the n-gram cache, encrypted like it: only numbers, but
 which sources pay off says something about what the user writes.
+
+DraftPrices decides how far the drafter drafts. Drafting one more token costs a
+drafter forward and one more verification row; it is worth its chance of being
+accepted times what a token costs at the current speed. So the drafter goes on
+while Π P_i · P_next ≥ (forward + row) / (seconds per token), with P_next
+estimated by the last token's P: a cheap drafter or a costly target token
+drafts further, a slow drafter stops early. All three prices are this
+machine's, for this target, measured as the engine runs (decayed means, not
+saved: they are re-measured within a reply); until they are, the drafter's
+fixed rules apply.
 """
 
 from __future__ import annotations
@@ -56,10 +66,69 @@ class SourceStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+PRICE_DECAY = 0.97  # per measurement: prices follow the machine within ~30 steps
+MIN_PRICE_WEIGHT = 3.0  # decayed measurements a price needs
+
+
+@dataclass
+class _Mean:
+    weight: float = 0.0
+    total: float = 0.0
+    count: float = 0.0  # what total is per (forwards, tokens): a mean of total / count
+
+    def add(self, total: float, count: float = 1.0) -> None:
+        self.weight = self.weight * PRICE_DECAY + 1
+        self.total = self.total * PRICE_DECAY + total
+        self.count = self.count * PRICE_DECAY + count
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.count if self.weight >= MIN_PRICE_WEIGHT and self.count > 0 else None
+
+
+@dataclass
+class DraftPrices:
+    """Seconds a drafter forward, a verification row and a target token cost here
+    (see the module docstring)."""
+
+    forward: _Mean = field(default_factory=_Mean)
+    token: _Mean = field(default_factory=_Mean)
+    verify: dict[int, _Mean] = field(default_factory=dict)  # seconds of a verification, by rows
+
+    def record_draft(self, forwards: int, seconds: float) -> None:
+        if forwards:
+            self.forward.add(seconds, forwards)
+
+    def record_step(self, rows: int, verify_seconds: float, step_seconds: float, tokens: int) -> None:
+        self.verify.setdefault(rows, _Mean()).add(verify_seconds)
+        self.token.add(step_seconds, tokens)
+
+    def row(self) -> float | None:
+        """A verification row's marginal seconds: the slope of the line through the
+        measured verification times by rows (None until two row counts are known)."""
+        known = [(rows, m.weight, m.value) for rows, m in self.verify.items() if m.value is not None]
+        if len(known) < 2:
+            return None
+        weight = sum(w for _, w, _ in known)
+        mean_r = sum(w * r for r, w, _ in known) / weight
+        mean_t = sum(w * t for _, w, t in known) / weight
+        spread = sum(w * (r - mean_r) ** 2 for r, w, _ in known)
+        return max(0.0, sum(w * (r - mean_r) * (t - mean_t) for r, w, t in known) / spread)
+
+    def threshold(self) -> float | None:
+        """Draft one more token while Π P_i · P_next is at least this (None: not
+        measured yet)."""
+        forward, token, row = self.forward.value, self.token.value, self.row()
+        if forward is None or token is None or row is None or token <= 0:
+            return None
+        return (forward + row) / token
+
+
 @dataclass
 class DraftPolicy:
     stats: dict[str, SourceStats] = field(default_factory=dict)
     _eligible: int = 0  # lookup-eligible steps seen (for exploration)
+    prices: DraftPrices = field(default_factory=DraftPrices)  # measured, never saved
 
     def use_lookup(self, match: int) -> bool:
         """Whether to propose a lookup continuation found on a match of this length."""

@@ -8,6 +8,7 @@ drafter's KV cache is rolled back to the longest prefix that still agrees.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,10 @@ class DraftSettings:
     # trained acceptance head, P_i is the drafter's own top probability. None = off.
     # With a trained head, its P_i replaces the top probability in both rules.
     gamma: float | None = None
+    # Priced drafting (core/decoding/adaptive_drafting.py, DraftPrices): once this
+    # machine's costs are measured, draft on while prod(P_i) * P_i covers them,
+    # instead of the two rules above.
+    priced: bool = True
 
 
 @dataclass
@@ -50,6 +55,8 @@ class Draft:
     # The chance of acceptance the stop rule used for each token: the acceptance
     # head's, or the drafter's top probability while it has none.
     p: list[float] = field(default_factory=list)
+    forwards: int = 0  # drafter forwards the draft ran (the first token's came with the sync)
+    forward_seconds: float = 0.0
 
 
 class Drafter:
@@ -85,7 +92,7 @@ class Drafter:
         Returns False, changing nothing, when should_stop() interrupted it."""
         if not self.net.set_weights(weights, should_stop):
             return False
-        self._forget_context()
+        self.forget_context()
         return True
 
     @property
@@ -98,12 +105,12 @@ class Drafter:
     def score(self, ids: list[int]) -> torch.Tensor:
         """The drafter's next-token logits after ids, from an empty context (what
         its current weights predict; the next sync rebuilds the drafting context)."""
-        self._forget_context()
+        self.forget_context()
         logits, _ = self.net.forward(ids, last=1)
         self.net.reset()
         return logits[-1].clone()
 
-    def _forget_context(self) -> None:
+    def forget_context(self) -> None:
         """An empty context: nothing cached, nothing to draft from until the next sync."""
         self.net.reset()
         self.cached, self.context, self._logits = [], [], None
@@ -161,7 +168,7 @@ class Drafter:
         if len(ids) > self.max_len:
             # The reply outgrew the drafter's context: no drafts from here on, each
             # step verifies only the target's own token (a slower reply, not an error).
-            self._forget_context()
+            self.forget_context()
             return
         common = 0
         limit = min(len(ids), len(self.cached))
@@ -170,7 +177,7 @@ class Drafter:
         if common == len(ids):  # nothing new: recompute the last position's logits
             common -= 1
         if common < 0:
-            self._forget_context()
+            self.forget_context()
             return
         self.net.rollback(common)
         logits, hidden = self.net.forward(ids[common:])
@@ -179,8 +186,11 @@ class Drafter:
         self.context = list(ids)
 
     # --------------------------------------------------------------- drafting
-    def draft(self, cfg: GenerationConfig, gen: torch.Generator | None, k: int | None = None) -> Draft:
-        """Up to k drafter tokens continuing the context (sampled like the target)."""
+    def draft(self, cfg: GenerationConfig, gen: torch.Generator | None, k: int | None = None,
+              price: float | None = None) -> Draft:
+        """Up to k drafter tokens continuing the context (sampled like the target).
+        price: DraftPrices.threshold() (None: not measured, or priced drafting off):
+        draft on while prod(P_i) * P_i is at least it."""
         k = k or self.settings.k
         out = Draft([], [], [] if not cfg.greedy else None, held=self.held)
         logits, hidden = self._logits, self._hidden
@@ -211,17 +221,25 @@ class Drafter:
             p = confidence if chance is None else chance
             out.p.append(p)
             all_accepted *= p
-            gamma = self.settings.gamma
             # The last drafted token needs no forward: nothing is drafted after it.
-            if i == k - 1 or p < self.settings.min_confidence:
-                break
-            if gamma is not None and 1.0 - all_accepted > gamma:
+            if i == k - 1 or self._stop(p, all_accepted, price):
                 break
             if self.net.length >= self.max_len:  # the context is full: the draft ends here
                 break
+            start = time.perf_counter()
             logits, hidden = (x[-1] for x in self.net.forward([tok]))
+            out.forwards += 1
+            out.forward_seconds += time.perf_counter() - start
             self.cached.append(tok)
         return out
+
+    def _stop(self, p: float, all_accepted: float, price: float | None) -> bool:
+        """Whether to stop after a token whose chance is p (all_accepted: the product
+        of the chances so far, p's included)."""
+        if price is not None and self.settings.priced:
+            return all_accepted * p < price
+        gamma = self.settings.gamma
+        return p < self.settings.min_confidence or (gamma is not None and 1.0 - all_accepted > gamma)
 
     # --------------------------------------------------------------- healing
     def _spelling(self, tok: int) -> bytes:

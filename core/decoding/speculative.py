@@ -126,7 +126,10 @@ class SpeculativeDecoder:
             else:
                 self.drafter.sync_text(self.bridge.target_text(reply), heal=self.text_proposals)
             self.synced = len(self.context)
-        draft = self.drafter.draft(self.cfg, self.gen, k)
+        price = self.policy.prices.threshold() if self.policy is not None else None
+        draft = self.drafter.draft(self.cfg, self.gen, k, price)
+        if self.policy is not None:
+            self.policy.prices.record_draft(draft.forwards, draft.forward_seconds)
         if self.text_proposals:
             merged = self.bridge.propose_text(draft.ids, draft.held)
         else:
@@ -206,8 +209,12 @@ def generate_speculative(
         n, token = decoder.verify(proposals)
         t2 = time.perf_counter()
         _count_step(turn.stats, proposals, n, t1 - t0, t2 - t1)
-        if k and policy is not None and learn_policy:
-            policy.record(proposals.source, n + 1, t2 - t0 - proposals.setup_seconds)
+        if k and policy is not None:
+            # Prices are this machine's timings, measured whatever the turn; which
+            # source pays off is learned from the user's turns only.
+            policy.prices.record_step(len(proposals.tokens) + 1, t2 - t1, t2 - t0 - proposals.setup_seconds, n + 1)
+            if learn_policy:
+                policy.record(proposals.source, n + 1, t2 - t0 - proposals.setup_seconds)
 
         new = proposals.tokens[:n] + [token]
         yield from turn.stream.push(new, drafted=n)
