@@ -275,6 +275,11 @@ class DecoderStack:
         lib = _library()
         if isinstance(lib, KernelUnavailable):
             raise lib
+        # The kernel reads raw float32 memory: anything else would be read as garbage.
+        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (x, kv, cos, sin)):
+            raise TypeError("the decoder stack takes contiguous float32 tensors")
+        if cos.shape[0] < kv.shape[3] or x.shape[1] != self.hidden:
+            raise ValueError("the decoder stack got tensors of the wrong shape")
         if lib.decoder_stack(x.data_ptr(), x.shape[0], start, self._layers, len(self._layers), kv.data_ptr(),
                              kv.shape[3], cos.data_ptr(), sin.data_ptr(), self.hidden, self.n_heads, self.n_kv,
                              self.head_dim, self.inter, self.eps, torch.get_num_threads()):
