@@ -226,10 +226,10 @@ class Engine:
         weights = None
         if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
             progress("Loading what the drafter learned for this model", 0.98)
-            weights = self.adapters.merged_state(target_id)
+            weights = self.adapters.low_rank_state(target_id)
         self.drafter.head = self._head(target_id)
         self._take_adapter_warnings()
-        self.drafter.load_weights(weights)
+        self.drafter.load_adapter(weights)
         self._drafter_stale = False
 
     def _head(self, target_id: str) -> AcceptanceHead:
@@ -445,8 +445,8 @@ class Engine:
         """Merge the current target's adapter into the drafting weights (~1 s on
         one core), giving way to a request between layers: the reply then drafts
         with the previous weights and the next idle step finishes the refresh."""
-        weights = self.adapters.merged_state(self.target.entry.id, should_stop)
-        if weights is None or not self.drafter.load_weights(weights, should_stop):
+        weights = self.adapters.low_rank_state(self.target.entry.id, should_stop)
+        if weights is None or not self.drafter.load_adapter(weights, should_stop):
             return False
         self._drafter_stale = False
         return True
@@ -502,7 +502,7 @@ class Engine:
             self.bridge.cache = NgramCache(self.bridge.cache.max_entries)
             self.draft_policy = DraftPolicy()
             self.buffer.clear()
-            self.drafter.load_weights(None)
+            self.drafter.load_adapter(None)
             self.drafter.head = self._head(model_id)
             self._drafter_stale = False
 
@@ -529,7 +529,7 @@ class Engine:
             target_id = self.target.entry.id
             self.drafter.head = self._head(target_id)
             if self.adapters.has_saved(target_id) or self.adapters.is_loaded(target_id):
-                self.drafter.load_weights(self.adapters.merged_state(target_id))
+                self.drafter.load_adapter(self.adapters.low_rank_state(target_id))
 
 
 __all__ = ["EncodedChat", "Engine", "GenerationConfig", "InputError", "ModelError"]

@@ -86,11 +86,11 @@ class Drafter:
         # in the middle of a reply.
         self._ws_tokens = {i: b for i, b in enumerate(token_bytes(self.tokenizer)) if b and b[0] in _WHITESPACE}
 
-    def load_weights(self, weights: dict | None, should_stop: ShouldStop = never) -> bool:
-        """Draft with these weights from now on (a target's adapter merged in;
-        None = the drafter's own). The context is rebuilt on the next sync.
+    def load_adapter(self, adapter: dict | None, should_stop: ShouldStop = never) -> bool:
+        """Draft with this target's adapter from now on (AdapterStore.low_rank_state;
+        None = the drafter's own weights). The context is rebuilt on the next sync.
         Returns False, changing nothing, when should_stop() interrupted it."""
-        if not self.net.set_weights(weights, should_stop):
+        if not self.net.set_adapter(adapter, should_stop):
             return False
         self.forget_context()
         return True

@@ -8,8 +8,8 @@ first use, or restored from root/<target id>/ where an earlier session saved it.
 
 Note: peft wraps the base model in place. Its q/k/v/o/gate/up/down modules
 become LoRA layers whose `.weight` is still the base weight, and a forward of
-the base model object now includes the active adapter. The lean int8 drafter is
-built from `merged_state(target_id)` instead.
+the base model object now includes the active adapter. The lean drafter is
+built from `low_rank_state(target_id)` instead.
 
 Saving is atomic per adapter: the files go to a temporary folder that then
 replaces the old one by rename, so a crash leaves either the old adapter or
@@ -48,6 +48,7 @@ from ..storage import paths
 from ..storage.persistence import CorruptStateError, _fsync_dir
 from ..storage.secure_store import KeyStore, KeyUnavailableError, default_keystore
 
+LowRank = dict[str, tuple[torch.Tensor, torch.Tensor]]  # module path -> (a, b): W' = W + b @ a
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 WEIGHTS_FILE = "weights.bin"  # safetensors bytes, encrypted
 META_FILE = "meta.bin"  # our own counters (training steps, samples), encrypted JSON
@@ -316,25 +317,22 @@ class AdapterStore:
 
     # ------------------------------------------------------------ merging
     @torch.no_grad()
-    def merged_state(self, target_id: str, should_stop: ShouldStop = never) -> dict[str, torch.Tensor] | None:
-        """Base weights with this adapter merged, W + B·A·(alpha/r), for every
-        adapted projection, keyed like the base model's state dict
-        ("model.layers.0.self_attn.q_proj.weight"). New tensors in the base
-        dtype; neither the base model nor the active adapter changes. None when
-        should_stop() (checked between projections) interrupted it."""
+    def low_rank_state(self, target_id: str, should_stop: ShouldStop = never) -> LowRank | None:
+        """This adapter's change to every adapted projection as (a, b) in float32,
+        W' = W + b @ a (the LoRA scaling folded into a), keyed by module path
+        ("model.layers.0.self_attn.q_proj"). New tensors: neither the base model
+        nor the active adapter changes. None when should_stop() (checked between
+        projections) interrupted it."""
         self._ensure(target_id)
         name = adapter_name(target_id)
-        out: dict[str, torch.Tensor] = {}
+        out: LowRank = {}
         for path, module in self.peft.base_model.model.named_modules():
             if not isinstance(module, LoraLayer) or name not in module.lora_A:
                 continue
             if should_stop():
                 return None
-            base = module.get_base_layer().weight
-            a = module.lora_A[name].weight.float()
-            b = module.lora_B[name].weight.float()
-            delta = (b @ a) * module.scaling[name]  # fp32: bf16 would round small updates away
-            out[f"{path}.weight"] = (base.float() + delta).to(base.dtype)
+            a = module.lora_A[name].weight.float() * module.scaling[name]
+            out[path] = (a.contiguous(), module.lora_B[name].weight.float().clone())
         return out
 
 

@@ -27,6 +27,15 @@ typedef struct {
     const uint8_t *packed; /* int4_gemm.c's block layout */
     const float *bias;     /* NULL: none */
     int64_t out;
+    /* A learned adapter beside the 4-bit weight, y += (x A^T) B^T per part of a
+       fused projection (q, k, v): rounding it into 4 bits would bury it
+       (docs/learning.md). NULL: none. A [parts * rank, in] and B^T [rank, out],
+       both fp16 (half the bytes to stream, ample precision for a change); part p
+       covers outputs part_end[p-1]..part_end[p] (multiples of 16) and columns
+       p*rank.. of x A^T. */
+    const uint16_t *lora_a, *lora_b;
+    const int64_t *part_end;
+    int64_t parts, rank;
 } Projection;
 
 typedef struct {
@@ -44,8 +53,48 @@ static void rms_norm(const float *x, const float *w, float eps, int64_t n, int64
     }
 }
 
+/* a (float32) . b (fp16) over len values. */
+static inline float dot(const float *a, const uint16_t *b, int64_t len) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < len; i += 16) {
+        __mmask16 m = len - i >= 16 ? 0xFFFF : (__mmask16)((1u << (len - i)) - 1);
+        __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + i));
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), w, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int threads) {
+    int64_t width = p->parts * p->rank;
+    float *t = malloc(sizeof(float) * (size_t)(n * width));
+    if (!t) return -1;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < width; j++)
+            for (int64_t r = 0; r < n; r++) t[r * width + j] = dot(x + r * k, p->lora_a + j * k, k);
+        /* 16 outputs at a time, all in one part: y += sum over the rank of t * B^T rows */
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < p->out; o += 16) {
+            int64_t part = 0;
+            while (o >= p->part_end[part]) part++;
+            for (int64_t r = 0; r < n; r++) {
+                const float *tr = t + r * width + part * p->rank;
+                __m512 acc = _mm512_loadu_ps(y + r * p->out + o);
+                for (int64_t i = 0; i < p->rank; i++)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(tr[i]),
+                                          _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->lora_b + i * p->out + o))), acc);
+                _mm512_storeu_ps(y + r * p->out + o, acc);
+            }
+        }
+    }
+    free(t);
+    return 0;
+}
+
 static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int threads) {
     if (q4_gemm(x, n, k, p->packed, p->out, y, threads)) return -1;
+    if (p->lora_a && low_rank(p, x, n, k, y, threads)) return -1;
     if (p->bias)
         for (int64_t r = 0; r < n; r++)
             for (int64_t i = 0; i < p->out; i++) y[r * p->out + i] += p->bias[i];

@@ -233,7 +233,9 @@ def join(layers: list[Int4Linear]):
 
 
 class _Projection(ctypes.Structure):
-    _fields_ = [("packed", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int64)]
+    _fields_ = [("packed", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int64),
+                ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p), ("part_end", ctypes.c_void_p),
+                ("parts", ctypes.c_int64), ("rank", ctypes.c_int64)]
 
 
 class _Layer(ctypes.Structure):
@@ -245,7 +247,9 @@ class DecoderStack:
     """A Llama-family decoder stack whose projections are all 4-bit, run as one
     kernel call (decoder_stack.c): the drafter's forward without torch's per-op
     overhead. layers: per layer (norm1, qkv, o, norm2, gate_up, down), each
-    projection with .packed4 (pack's layout), .bias (or None) and .out_features."""
+    projection with .packed4 (pack's layout), .bias (or None), .out_features and
+    .low_rank (None, or a learned adapter beside the weight: a [parts*r, in],
+    b^T [r, out], both fp16, each part's end among the outputs)."""
 
     def __init__(self, layers: list[tuple], n_heads: int, n_kv: int, head_dim: int, eps: float):
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
@@ -260,7 +264,11 @@ class DecoderStack:
 
         def projection(p) -> _Projection:
             bias = None if p.bias is None else p.bias.float()
-            return _Projection(ptr(p.packed4), ptr(bias), p.out_features)
+            if p.low_rank is None:
+                return _Projection(ptr(p.packed4), ptr(bias), p.out_features)
+            a, b, ends = p.low_rank
+            return _Projection(ptr(p.packed4), ptr(bias), p.out_features, ptr(a), ptr(b),
+                               ptr(ends.to(torch.int64)), len(ends), b.shape[0])
 
         self._layers = (_Layer * len(layers))(*[
             _Layer(ptr(n1.float()), ptr(n2.float()), projection(qkv), projection(o), projection(gu), projection(down))

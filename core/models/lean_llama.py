@@ -10,8 +10,8 @@ tokens just moves a length pointer.
 
 Two ways to hold the weights:
 * the drafter's (LeanLlama(...)): fused QKV and gate/up projections copied from
-  the model, in int8 (see DraftLinear) or dense, replaceable by a target's
-  adapter (set_weights); the LM head can be restricted to the token ids a
+  the model, in 4 bits, int8 (see DraftLinear) or dense, with a target's
+  adapter (set_adapter); the LM head can be restricted to the token ids a
   target can use;
 * a target's (LeanLlama.sharing(model)): the model's own linear modules called as
   they are (its int8 layers from core/models/quantize.py), so no second copy of
@@ -62,15 +62,31 @@ class DraftLinear:
     rounded to 4 bits through the target's 4-bit kernel (core/models/int4.py;
     SmolLM2's file stores these layers as Q4_1 already), both flat in the rows:
     the drafter's one-token steps and the few-token re-syncs after each
-    verification cost about the same (docs/drafter.md)."""
+    verification cost about the same (docs/drafter.md).
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool, int4: bool = False):
+    low_rank: a target's adapter, per part of a fused projection in output order,
+    [(a [r, in], b [part's out, r])], W' = W + b @ a. At 4 bits it stays beside
+    the weight, y += (x a^T) b^T: rounded into 4 bits with W it would be mostly
+    lost (docs/learning.md); int8 and dense weights take it merged."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool, int4: bool = False,
+                 low_rank: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
         self.bias = bias
         four = int4_fit(weight) if int8 and int4 else None
+        if low_rank and four is None:
+            weight = weight + torch.cat([b @ a for a, b in low_rank]).to(weight.dtype)
+            low_rank = None
         self.out_features = weight.shape[0]
         self.packed4 = pack_int4(*four) if four else None  # a quantized layer keeps only its packed copy
         self.packed = pack_int8(weight) if int8 and four is None else None
         self.weight = None if int8 else weight
+        # (a of every part stacked, b^T of every part side by side, where each
+        # part's outputs end); fp16, as the kernel streams them
+        self.low_rank = None
+        if low_rank:
+            ends = torch.tensor([b.shape[0] for _, b in low_rank]).cumsum(0)
+            self.low_rank = (torch.cat([a for a, _ in low_rank]).half().contiguous(),
+                             torch.cat([b for _, b in low_rank]).T.half().contiguous(), ends)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed4 is not None:
@@ -79,6 +95,13 @@ class DraftLinear:
             y = int8_mm(x, self.packed).to(x.dtype)
         else:
             y = x @ self.weight.T
+        if self.low_rank is not None:
+            a, b, ends = self.low_rank
+            t, rank = x.float() @ a.float().T, a.shape[0] // len(ends)
+            starts = [0, *ends.tolist()[:-1]]
+            parts = [t[:, p * rank:(p + 1) * rank] @ b[:, s:e].float()
+                     for p, (s, e) in enumerate(zip(starts, ends.tolist()))]
+            y = y + torch.cat(parts, dim=-1).to(y.dtype)
         return y if self.bias is None else y + self.bias
 
 
@@ -102,13 +125,13 @@ class LeanLlama:
         max_len: int = 4096,
         dtype: torch.dtype | None = None,
         int8: bool = False,
-        weights: dict[str, torch.Tensor] | None = None,
+        adapter: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
         share: bool = False,
         int4: bool = False,
     ):
         """The drafter's runtime (see the module docstring); share=True is the
-        target's (use LeanLlama.sharing). weights: state-dict entries that replace
-        the model's own (a target's adapter merged into the projections)."""
+        target's (use LeanLlama.sharing). adapter: a target's learned change to
+        the projections, by module path (AdapterStore.low_rank_state)."""
         cfg = hf_model.config
         why = supports(cfg)
         if why:
@@ -134,7 +157,7 @@ class LeanLlama:
         else:
             table = self._w(inner.embed_tokens.weight)
             self.embed = lambda ids: table[ids]
-        self.layers = [self._layer(i, weights or {}) for i in range(self._n_layers)]
+        self.layers = [self._layer(i, adapter or {}) for i in range(self._n_layers)]
         self.stack = self._stack()
         self.final_norm = self._w(inner.norm.weight)
         head = hf_model.get_output_embeddings()
@@ -174,9 +197,9 @@ class LeanLlama:
     def _w(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(self.dtype).contiguous()
 
-    def _layer(self, i: int, weights: dict[str, torch.Tensor]) -> tuple:
-        """Layer i's (norm, qkv, o, norm, gate/up, down); weights replace the
-        model's projections by state-dict name."""
+    def _layer(self, i: int, adapter: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple:
+        """Layer i's (norm, qkv, o, norm, gate/up, down), with the adapter's change
+        to its projections."""
         layer = self._inner.layers[i]
         attn, mlp = layer.self_attn, layer.mlp
         norms = self._w(layer.input_layernorm.weight), self._w(layer.post_attention_layernorm.weight)
@@ -186,30 +209,38 @@ class LeanLlama:
                     norms[1], self._joined(mlp.gate_proj, mlp.up_proj), own(mlp.down_proj))
 
         def fused(*parts: str) -> DraftLinear:
-            ws, bs = [], []
+            ws, bs, changes = [], [], []
             for part in parts:
                 owner = "self_attn" if part in _ATTN else "mlp"
                 module = getattr(attn if part in _ATTN else mlp, part)
                 base = getattr(module, "base_layer", module)  # under a peft LoRA wrapper
-                ws.append(self._w(weights.get(f"model.layers.{i}.{owner}.{part}.weight", base.weight)))
+                ws.append(self._w(base.weight))
                 bs.append(base.bias)
+                changes.append(adapter.get(f"model.layers.{i}.{owner}.{part}"))
             bias = None if all(b is None for b in bs) else torch.cat(
                 [self._w(b) if b is not None else torch.zeros(w.shape[0], dtype=self.dtype) for b, w in zip(bs, ws)])
-            return DraftLinear(torch.cat(ws), bias, self.int8, self.int4)
+            low_rank = None
+            if any(c is not None for c in changes):  # a part the adapter leaves alone gets a zero change
+                rank = next(c for c in changes if c is not None)[0].shape[0]
+                low_rank = [c if c is not None else (torch.zeros(rank, w.shape[1]), torch.zeros(w.shape[0], rank))
+                            for c, w in zip(changes, ws)]
+            return DraftLinear(torch.cat(ws), bias, self.int8, self.int4, low_rank)
 
         return (norms[0], fused("q_proj", "k_proj", "v_proj"), fused("o_proj"),
                 norms[1], fused("gate_proj", "up_proj"), fused("down_proj"))
 
-    def set_weights(self, weights: dict[str, torch.Tensor] | None, should_stop: ShouldStop = never) -> bool:
-        """Replace the projections (None: the model's own), keeping the embeddings,
-        head, KV buffer and RoPE tables. Layer by layer, checking should_stop()
-        between layers; all layers change at once at the end, or none (returns
-        False) when stopped. The context must be recomputed afterwards."""
+    def set_adapter(self, adapter: dict[str, tuple[torch.Tensor, torch.Tensor]] | None,
+                    should_stop: ShouldStop = never) -> bool:
+        """Rebuild the projections with this adapter (None: the model's own),
+        keeping the embeddings, head, KV buffer and RoPE tables. Layer by layer,
+        checking should_stop() between layers; all layers change at once at the
+        end, or none (returns False) when stopped. The context must be recomputed
+        afterwards."""
         layers = []
         for i in range(self._n_layers):
             if should_stop():
                 return False
-            layers.append(self._layer(i, weights or {}))
+            layers.append(self._layer(i, adapter or {}))
         self.layers = layers
         self.stack = self._stack()
         self.length = 0
