@@ -212,9 +212,10 @@ def generate_speculative(
         if k and policy is not None:
             # Prices are this machine's timings, measured whatever the turn; which
             # source pays off is learned from the user's turns only.
-            policy.prices.record_step(len(proposals.tokens) + 1, t2 - t1, t2 - t0 - proposals.setup_seconds, n + 1)
+            step_s = t2 - t0 - proposals.setup_seconds
+            policy.prices.record_step(len(proposals.tokens) + 1, t2 - t1, step_s, n + 1)
             if learn_policy:
-                policy.record(proposals.source, n + 1, t2 - t0 - proposals.setup_seconds)
+                policy.record(proposals.source, n + 1, step_s)
 
         new = proposals.tokens[:n] + [token]
         yield from turn.stream.push(new, drafted=n)

@@ -53,11 +53,14 @@ static void rms_norm(const float *x, const float *w, float eps, int64_t n, int64
     }
 }
 
+/* The lanes of the next 16 values of which `left` remain. */
+static inline __mmask16 tail(int64_t left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
+
 /* a (float32) . b (fp16) over len values. */
 static inline float dot(const float *a, const uint16_t *b, int64_t len) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < len; i += 16) {
-        __mmask16 m = len - i >= 16 ? 0xFFFF : (__mmask16)((1u << (len - i)) - 1);
+        __mmask16 m = tail(len - i);
         __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + i));
         acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), w, acc);
     }
@@ -141,12 +144,12 @@ static void attend(const float *q, const float *keys, const float *values, int64
         sc[p] = _mm512_reduce_add_ps(acc) * scale;
     }
     for (int64_t p = 0; p < seen; p += 16) {
-        __mmask16 m = seen - p >= 16 ? 0xFFFF : (__mmask16)((1u << (seen - p)) - 1);
+        __mmask16 m = tail(seen - p);
         best = _mm512_mask_max_ps(best, m, best, _mm512_maskz_loadu_ps(m, sc + p));
     }
     __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best)), sum = _mm512_setzero_ps();
     for (int64_t p = 0; p < seen; p += 16) {
-        __mmask16 m = seen - p >= 16 ? 0xFFFF : (__mmask16)((1u << (seen - p)) - 1);
+        __mmask16 m = tail(seen - p);
         __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), top));
         _mm512_mask_storeu_ps(sc + p, m, e);
         sum = _mm512_mask_add_ps(sum, m, sum, e);
