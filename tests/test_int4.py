@@ -30,17 +30,26 @@ def _layer(n=256, k=512, seed=0):
     return q, scale, offset
 
 
-def test_the_kernel_computes_the_4_bit_product_of_int8_rows():
+@pytest.mark.parametrize("isa", int4.runnable_isas())
+def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
     q, scale, offset = _layer()
     x = torch.randn(11, 512)
     x[4] *= 300  # an outlier row
-    got = int4.q4_mm(x, int4.pack(q, scale, offset), 256)
+    got = int4.q4_mm(x, int4.pack(q, scale, offset), 256, isa)
     # The kernel's arithmetic: each row on its own int8 scale, exact integer products.
     row_scale = x.abs().amax(1, keepdim=True) / 127
     xq = (x / row_scale).round()
     want = (xq.double() @ int4.dequantize(q, scale, offset).double().T) * row_scale.double()
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     assert float((got - x @ int4.dequantize(q, scale, offset).T).norm() / got.norm()) < 0.02
+
+
+@pytest.mark.skipif(len(int4.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
+def test_every_instruction_set_gives_the_same_bits():
+    packed = int4.pack(*_layer())
+    x = torch.randn(13, 512)
+    results = [int4.q4_mm(x, packed, 256, isa) for isa in int4.runnable_isas()]
+    assert all(torch.equal(results[0], other) for other in results[1:])
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():

@@ -53,18 +53,80 @@ static void rms_norm(const float *x, const float *w, float eps, int64_t n, int64
     }
 }
 
-/* The lanes of the next 16 values of which `left` remain. */
-static inline __mmask16 tail(int64_t left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1); }
+/* Float vectors of VW lanes: AVX-512 (16) where the CPU has it, else AVX2 with FMA
+and F16C (8), so one source serves both builds (int4.py picks the flags). */
+#ifdef __AVX512F__
+#define VW 16
+typedef __m512 vec;
+typedef __mmask16 vmask;
+#define vzero _mm512_setzero_ps
+#define vset1 _mm512_set1_ps
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vadd _mm512_add_ps
+#define vsub _mm512_sub_ps
+#define vmul _mm512_mul_ps
+#define vdiv _mm512_div_ps
+#define vmin _mm512_min_ps
+#define vmax _mm512_max_ps
+#define vfmadd _mm512_fmadd_ps
+#define vfnmadd _mm512_fnmadd_ps
+#define vsum _mm512_reduce_add_ps
+#define vhmax _mm512_reduce_max_ps
+/* The lanes of the next VW values of which `left` remain. */
+static inline vmask tail(int64_t left) { return left >= 16 ? 0xFFFF : (vmask)((1u << left) - 1); }
+static inline vec vload_tail(const float *p, vmask m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline void vstore_tail(float *p, vmask m, vec v) { _mm512_mask_storeu_ps(p, m, v); }
+static inline vec vselect(vmask m, vec a, vec b) { return _mm512_mask_blend_ps(m, b, a); } /* m ? a : b */
+static inline vec vhalf(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vexp2_times(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
+#else
+#define VW 8
+typedef __m256 vec;
+typedef __m256i vmask;
+#define vzero _mm256_setzero_ps
+#define vset1 _mm256_set1_ps
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vadd _mm256_add_ps
+#define vsub _mm256_sub_ps
+#define vmul _mm256_mul_ps
+#define vdiv _mm256_div_ps
+#define vmin _mm256_min_ps
+#define vmax _mm256_max_ps
+#define vfmadd _mm256_fmadd_ps
+#define vfnmadd _mm256_fnmadd_ps
+static inline float vsum(vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float vhmax(vec v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+static inline vmask tail(int64_t left) {
+    static const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(lanes + 8 - (left >= 8 ? 8 : left)));
+}
+static inline vec vload_tail(const float *p, vmask m) { return _mm256_maskload_ps(p, m); }
+static inline void vstore_tail(float *p, vmask m, vec v) { _mm256_maskstore_ps(p, m, v); }
+static inline vec vselect(vmask m, vec a, vec b) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(m)); }
+static inline vec vhalf(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vexp2_times(vec p, vec n) { /* n in -127..127: build 2^n from its exponent bits */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
 
-/* a (float32) . b (fp16) over len values. */
+/* a (float32) . b (fp16) over len values, a multiple of 32 (the 4-bit kernel's group). */
 static inline float dot(const float *a, const uint16_t *b, int64_t len) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < len; i += 16) {
-        __mmask16 m = tail(len - i);
-        __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, b + i));
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), w, acc);
-    }
-    return _mm512_reduce_add_ps(acc);
+    vec acc = vzero();
+    for (int64_t i = 0; i < len; i += VW) acc = vfmadd(vload(a + i), vhalf(b + i), acc);
+    return vsum(acc);
 }
 
 static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int threads) {
@@ -76,18 +138,17 @@ static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, f
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < width; j++)
             for (int64_t r = 0; r < n; r++) t[r * width + j] = dot(x + r * k, p->lora_a + j * k, k);
-        /* 16 outputs at a time, all in one part: y += sum over the rank of t * B^T rows */
+        /* VW outputs at a time, all in one part (parts end at multiples of 16): y += sum
+           over the rank of t * B^T rows */
 #pragma omp for schedule(static)
-        for (int64_t o = 0; o < p->out; o += 16) {
+        for (int64_t o = 0; o < p->out; o += VW) {
             int64_t part = 0;
             while (o >= p->part_end[part]) part++;
             for (int64_t r = 0; r < n; r++) {
                 const float *tr = t + r * width + part * p->rank;
-                __m512 acc = _mm512_loadu_ps(y + r * p->out + o);
-                for (int64_t i = 0; i < p->rank; i++)
-                    acc = _mm512_fmadd_ps(_mm512_set1_ps(tr[i]),
-                                          _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->lora_b + i * p->out + o))), acc);
-                _mm512_storeu_ps(y + r * p->out + o, acc);
+                vec acc = vload(y + r * p->out + o);
+                for (int64_t i = 0; i < p->rank; i++) acc = vfmadd(vset1(tr[i]), vhalf(p->lora_b + i * p->out + o), acc);
+                vstore(y + r * p->out + o, acc);
             }
         }
     }
@@ -114,62 +175,58 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
-/* e^x for 16 floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
-   2^n by VSCALEF; relative error ~1e-7). The loops' scalar expf cost more than
-   the 4-bit products of a one-token step. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
+/* e^x for VW floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
+   times 2^n; relative error ~1e-7). The loops' scalar expf cost more than the
+   4-bit products of a one-token step. */
+static inline vec vexp(vec x) {
+    x = vmax(vmin(x, vset1(88.0f)), vset1(-88.0f));
+    vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vec r = vfnmadd(n, vset1(0.693359375f), x);
+    r = vfnmadd(n, vset1(-2.12194440e-4f), r);
+    vec p = vset1(1.9875691500e-4f);
+    p = vfmadd(p, r, vset1(1.3981999507e-3f));
+    p = vfmadd(p, r, vset1(8.3334519073e-3f));
+    p = vfmadd(p, r, vset1(4.1665795894e-2f));
+    p = vfmadd(p, r, vset1(1.6666665459e-1f));
+    p = vfmadd(p, r, vset1(5.0000001201e-1f));
+    p = vfmadd(p, vmul(r, r), vadd(r, vset1(1.0f)));
+    return vexp2_times(p, n);
 }
 
 /* One query row of one head over `seen` cached positions; d a multiple of 16. */
 static void attend(const float *q, const float *keys, const float *values, int64_t seen, int64_t d, float scale,
                    float *sc, float *out) {
-    __m512 best = _mm512_set1_ps(-INFINITY);
+    vec best = vset1(-INFINITY);
     for (int64_t p = 0; p < seen; p++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t i = 0; i < d; i += 16)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(keys + p * d + i), acc);
-        sc[p] = _mm512_reduce_add_ps(acc) * scale;
+        vec acc = vzero();
+        for (int64_t i = 0; i < d; i += VW) acc = vfmadd(vload(q + i), vload(keys + p * d + i), acc);
+        sc[p] = vsum(acc) * scale;
     }
-    for (int64_t p = 0; p < seen; p += 16) {
-        __mmask16 m = tail(seen - p);
-        best = _mm512_mask_max_ps(best, m, best, _mm512_maskz_loadu_ps(m, sc + p));
+    for (int64_t p = 0; p < seen; p += VW) {
+        vmask m = tail(seen - p);
+        best = vmax(best, vselect(m, vload_tail(sc + p, m), vset1(-INFINITY)));
     }
-    __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best)), sum = _mm512_setzero_ps();
-    for (int64_t p = 0; p < seen; p += 16) {
-        __mmask16 m = tail(seen - p);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + p), top));
-        _mm512_mask_storeu_ps(sc + p, m, e);
-        sum = _mm512_mask_add_ps(sum, m, sum, e);
+    vec top = vset1(vhmax(best)), sum = vzero();
+    for (int64_t p = 0; p < seen; p += VW) {
+        vmask m = tail(seen - p);
+        vec e = vselect(m, vexp(vsub(vload_tail(sc + p, m), top)), vzero());
+        vstore_tail(sc + p, m, e);
+        sum = vadd(sum, e);
     }
-    float inv = 1.0f / _mm512_reduce_add_ps(sum);
-    for (int64_t i = 0; i < d; i += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t p = 0; p < seen; p++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[p]), _mm512_loadu_ps(values + p * d + i), acc);
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+    float inv = 1.0f / vsum(sum);
+    for (int64_t i = 0; i < d; i += VW) {
+        vec acc = vzero();
+        for (int64_t p = 0; p < seen; p++) acc = vfmadd(vset1(sc[p]), vload(values + p * d + i), acc);
+        vstore(out + i, vmul(acc, vset1(inv)));
     }
 }
 
 /* out = silu(gate) * up over `count` values (a multiple of 16). */
 static void silu_mul(const float *gate, const float *up, int64_t count, float *out) {
-    for (int64_t i = 0; i < count; i += 16) {
-        __m512 g = _mm512_loadu_ps(gate + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+    for (int64_t i = 0; i < count; i += VW) {
+        vec g = vload(gate + i);
+        vec s = vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g))));
+        vstore(out + i, vmul(s, vload(up + i)));
     }
 }
 

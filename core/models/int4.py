@@ -11,9 +11,10 @@ product flat in the rows on this CPU (docs/speed.md has the figures).
 The kernel is plain C (no torch headers: it builds in about a second), compiled
 on first use with the system's C compiler into the cache folder and loaded with
 ctypes (which releases the GIL during the call). It links the OpenMP runtime
-torch already loaded, so its threads are torch's. It needs AVX-512 with VNNI;
-without it or a compiler, targets keep int8 weights (core/models/quantize.py)
-and model info says why.
+torch already loaded, so its threads are torch's. It is written for AVX-512
+with VNNI and for AVX2 (with FMA and F16C, as most desktop CPUs have; ISAS),
+built for the best the CPU runs; without either or a compiler, targets keep int8
+weights (core/models/quantize.py) and model info says why.
 
 Which tensors: a target's layers its GGUF file stores as Q4_K, read from the
 file and checked against the loaded weight (read_q4_k, matches); anything else
@@ -42,8 +43,16 @@ CHANNELS = 16  # output channels per block
 BLOCK_BYTES = 320  # 16 x 32 nibbles + 16 fp16 scales + 16 fp16 offsets
 # The 4-bit product, and the drafter's whole decoder stack built on it.
 _SOURCES = [Path(__file__).with_name(name) for name in ("int4_gemm.c", "decoder_stack.c")]
-_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma",
-          "-fopenmp", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
+# The instruction sets the kernels are written for, best first (the C sources
+# branch on them): AVX-512 with VNNI (one VPDPBUSD per 64 products), or AVX2 with
+# FMA and F16C, which most desktop CPUs have (VPMADDUBSW; same results, more
+# instructions). Name -> (the CPU flags it needs, compiler flags).
+ISAS = {
+    "avx512vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
+                   ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
+    "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
+}
 
 
 class KernelUnavailable(RuntimeError):
@@ -51,22 +60,40 @@ class KernelUnavailable(RuntimeError):
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | KernelUnavailable:
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def runnable_isas() -> list[str]:
+    """The kernels' instruction sets this CPU runs, best first."""
+    return [name for name, (needs, _) in ISAS.items() if _cpu_flags().issuperset(needs)]
+
+
+@functools.cache
+def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
+    """The kernels built for `isa` (default: the best this CPU runs)."""
     if not sys.platform.startswith("linux"):
         return KernelUnavailable("the 4-bit kernel is built for Linux only")
-    if not (torch.cpu._is_avx512_supported() and torch.cpu._is_vnni_supported()):
-        return KernelUnavailable("this CPU has no AVX-512 VNNI")
+    isa = isa or next(iter(runnable_isas()), None)
+    if isa is None:
+        return KernelUnavailable("this CPU has neither AVX2 (with FMA and F16C) nor AVX-512 VNNI")
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return KernelUnavailable("no C compiler to build the 4-bit kernel (install gcc)")
+    flags = [*_FLAGS, *ISAS[isa][1]]
     source = b"".join(path.read_bytes() for path in _SOURCES)
-    tag = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    built = cache_dir() / "kernels" / f"int4_gemm-{tag}.so"
+    tag = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    built = cache_dir() / "kernels" / f"int4_gemm-{isa}-{tag}.so"
     if not built.exists():
         built.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=built.parent) as tmp:
             out = Path(tmp) / built.name
-            done = subprocess.run([compiler, *_FLAGS, *map(str, _SOURCES), "-o", str(out), "-lm"],
+            done = subprocess.run([compiler, *flags, *map(str, _SOURCES), "-o", str(out), "-lm"],
                                   capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 return KernelUnavailable(f"the 4-bit kernel did not build: {done.stderr.strip()[-300:]}")
@@ -172,9 +199,10 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> to
     return w.view(n, k)
 
 
-def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """rows [m, k] @ W^T in float32, each row quantized to int8 on its own scale."""
-    lib = _library()
+def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, isa: str | None = None) -> torch.Tensor:
+    """rows [m, k] @ W^T in float32, each row quantized to int8 on its own scale
+    (isa: the kernel build to use, default the best this CPU runs)."""
+    lib = _library(isa)
     if isinstance(lib, KernelUnavailable):
         raise lib
     x = rows.float().contiguous()

@@ -54,6 +54,7 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, floa
 }
 
 /* One block column of 16 channels for `rows` (1..8, a constant once inlined) rows. */
+#ifdef __AVX512VNNI__
 static inline __attribute__((always_inline)) void channel_block(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
     int64_t k, int rows, float *y, int64_t n) {
@@ -81,6 +82,45 @@ static inline __attribute__((always_inline)) void channel_block(
     for (int r = 0; r < rows; r++)
         _mm512_storeu_ps(y + r * n, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
 }
+
+#else
+/* The same with AVX2 (no VNNI): each half of a block's 64 bytes holds 8 channels'
+   4 inputs; VPMADDUBSW multiplies the unsigned nibbles by the int8 inputs and adds
+   pairs into int16, which sum over the group's 8 steps without overflow
+   (8 x 2 x 15 x 127 < 32768); VPMADDWD then joins each channel's two pairs. Same
+   integers and the same float steps as above, so the same results. */
+static inline __attribute__((always_inline)) void channel_block(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
+    int64_t k, int rows, float *y, int64_t n) {
+    __m256 acc[MAX_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * BLOCK_BYTES;
+        for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
+            __m256i w[8];
+            for (int t = 0; t < 4; t++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h));
+                w[t] = _mm256_and_si256(v, low);
+                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256 + 16 * h)));
+            __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 288 + 16 * h)));
+            for (int r = 0; r < rows; r++) {
+                const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+                __m256i d = _mm256_setzero_si256();
+                for (int t = 0; t < 8; t++) d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(xr[t])));
+                d = _mm256_madd_epi16(d, ones);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(z, _mm256_set1_ps(group_sum[r * groups + g]), acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(y + r * n + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
+}
+#endif
 
 #define ROWS_CASE(R)                                                                              \
     case R:                                                                                       \
