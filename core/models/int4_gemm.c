@@ -97,23 +97,30 @@ static inline __attribute__((always_inline)) void channel_block(
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * BLOCK_BYTES;
-        for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
-            __m256i w[8];
+        __m256i w[2][8]; /* [half: channels 8h..8h+7][inputs 4t..4t+3] */
+        for (int h = 0; h < 2; h++)
             for (int t = 0; t < 4; t++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h));
-                w[t] = _mm256_and_si256(v, low);
-                w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                w[h][t] = _mm256_and_si256(v, low);
+                w[h][t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256 + 16 * h)));
-            __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 288 + 16 * h)));
-            for (int r = 0; r < rows; r++) {
-                const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
-                __m256i d = _mm256_setzero_si256();
-                for (int t = 0; t < 8; t++) d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[t], _mm256_set1_epi32(xr[t])));
-                d = _mm256_madd_epi16(d, ones);
-                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][h]);
-                acc[r][h] = _mm256_fmadd_ps(z, _mm256_set1_ps(group_sum[r * groups + g]), acc[r][h]);
+        __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256)));
+        __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 272)));
+        __m256 z0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 288)));
+        __m256 z1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 304)));
+        for (int r = 0; r < rows; r++) {
+            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+            __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++) { /* each broadcast input feeds both halves */
+                __m256i xt = _mm256_set1_epi32(xr[t]);
+                d0 = _mm256_add_epi16(d0, _mm256_maddubs_epi16(w[0][t], xt));
+                d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(w[1][t], xt));
             }
+            __m256 gs = _mm256_set1_ps(group_sum[r * groups + g]);
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d0, ones)), s0, acc[r][0]);
+            acc[r][0] = _mm256_fmadd_ps(z0, gs, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d1, ones)), s1, acc[r][1]);
+            acc[r][1] = _mm256_fmadd_ps(z1, gs, acc[r][1]);
         }
     }
     for (int r = 0; r < rows; r++)
