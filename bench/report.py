@@ -12,6 +12,7 @@ import torch
 from omnidraft.bench.runners import Method, Output, prompt_ids
 from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnStats
+from omnidraft.core.models import int4
 from omnidraft.core.models.loader import LoadedModel
 from omnidraft.core.models.quantize import streamed_bytes
 
@@ -148,6 +149,8 @@ def machine_info(load_before: float | None) -> dict:
         "load_average_1min_after": load_average(),
         "cores": machine_cores(),
         "cpu": platform.processor() or platform.machine(),
+        # which build of the 4-bit kernels ran (avx512vnni, avx2; None: int8 only)
+        "kernel": int4.kernel_isa(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -4,7 +4,9 @@ What a speculative step costs, part by part, as the decode loops run them: the
 target through its runtime (lean over int8 layers, and transformers' own forward
 of the same model for comparison) and the drafter's lean runtime, each after a
 --context-token prompt, for 1, 2, 3, 5 and 8 new tokens (the pending token plus
-k proposals). Median of --reps forwards, rolled back after each.
+k proposals). Median of --reps forwards, rolled back after each. With llama.cpp
+installed (`make peers`), its own evals of the same GGUF beside them; and each
+runtime's prefill of the --context-token prompt, per prompt token.
 
     .venv/bin/python scripts/step_times.py --json docs/results/step-times.json
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 from omnidraft.core.decoding.drafter import Drafter, DraftSettings
-from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
+from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, bundled_path
 from omnidraft.core.models.loader import load
 from omnidraft.core.models.target_runtime import TargetRunner
 
@@ -61,6 +63,35 @@ def drafter_ms(drafter: Drafter, context: list[int], reps: int) -> dict[int, flo
     return out
 
 
+def llamacpp_ms(gguf: str, context: list[int], reps: int) -> tuple[dict[int, float], float] | None:
+    """llama.cpp's eval of n tokens after the context, and its prefill ms per token."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    threads = torch.get_num_threads()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(context)
+    prefill = 1000 * (time.perf_counter() - start) / len(context)
+    out = {}
+    for n in ROWS:
+        def step(n=n):
+            llm.eval(context[:n])
+            llm.n_tokens -= n  # its next eval drops the cache past n_tokens
+        out[n] = median_ms(step, reps)
+    llm.close()
+    return out, round(prefill, 2)
+
+
+def prefill_ms(runner: TargetRunner, context: list[int]) -> float:
+    runner.session().forward(context[:16], last=1)  # warm
+    start = time.perf_counter()
+    runner.session().forward(context, last=1)
+    return round(1000 * (time.perf_counter() - start) / len(context), 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
@@ -85,9 +116,17 @@ def main() -> None:
         "target_lean_ms": target_ms(target.runner, t_ids, args.reps),
         "target_transformers_ms": target_ms(TargetRunner(target.model, lean=False), t_ids, args.reps),
         "drafter_ms": drafter_ms(drafter, d_ids, args.reps),
+        "prefill_ms_per_token": {"target_lean": prefill_ms(target.runner, t_ids)},
     }
-    for key in ("target_lean_ms", "target_transformers_ms", "drafter_ms"):
-        print(f"{key:24s}", "  ".join(f"{n}: {ms:6.1f}" for n, ms in report[key].items()))
+    entry = catalog.get(args.target)
+    gguf = entry.path or str(bundled_path(entry.id))
+    peer = llamacpp_ms(gguf, t_ids, args.reps) if gguf.endswith(".gguf") else None
+    if peer:
+        report["llamacpp_ms"], report["prefill_ms_per_token"]["llamacpp"] = peer
+    for key in ("target_lean_ms", "target_transformers_ms", "drafter_ms", "llamacpp_ms"):
+        if key in report:
+            print(f"{key:24s}", "  ".join(f"{n}: {ms:6.1f}" for n, ms in report[key].items()))
+    print("prefill ms per token    ", report["prefill_ms_per_token"])
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 

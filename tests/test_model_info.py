@@ -95,3 +95,18 @@ def test_a_gguf_target_reports_its_file(tmp_path, smol_tok):
 def test_no_model_loaded_is_a_clear_error(home):
     with pytest.raises(InputError, match="No model is loaded yet"):
         Engine(ModelCatalog()).describe_target()
+
+
+def test_a_cpu_the_4_bit_kernels_cannot_run_on_is_named_with_the_reason(monkeypatch):
+    from omnidraft.core.models import int4
+
+    for flags, isa in ((frozenset({"sse2", "avx"}), None), (frozenset({"avx2", "fma", "f16c"}), "avx2")):
+        monkeypatch.setattr(int4, "_cpu_flags", lambda flags=flags: flags)
+        int4._library.cache_clear()
+        try:
+            assert int4.runnable_isas() == ([isa] if isa else [])
+            if isa is None:
+                assert int4.kernel_isa() is None
+                assert "neither AVX2" in int4.unavailable()
+        finally:
+            int4._library.cache_clear()

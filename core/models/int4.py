@@ -109,6 +109,11 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
     return lib
 
 
+def kernel_isa() -> str | None:
+    """The instruction set the kernels run with here (None: they cannot run)."""
+    return runnable_isas()[0] if unavailable() is None else None
+
+
 def unavailable() -> str | None:
     """Why the 4-bit kernel cannot run here (None: it can)."""
     lib = _library()

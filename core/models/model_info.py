@@ -119,6 +119,7 @@ def _runs_as(target: LoadedModel, computes_in: str) -> str:
         return computes_in
     four = int4_count(target.model)
     if four:
-        return f"4-bit weights in {four} layers (as in the file), int8 in the rest, {computes_in} activations"
+        return (f"4-bit weights in {four} layers (as in the file; {int4.kernel_isa()} kernel), "
+                f"int8 in the rest, {computes_in} activations")
     why = int4.unavailable() if target.entry.is_gguf else None
     return f"int8 weights, {computes_in} activations" + (f" ({why})" if why else "")
