@@ -74,12 +74,16 @@ def runnable_isas() -> list[str]:
     return [name for name, (needs, _) in ISAS.items() if _cpu_flags().issuperset(needs)]
 
 
+def _best_isa() -> str | None:
+    return next(iter(runnable_isas()), None)
+
+
 @functools.cache
 def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
     """The kernels built for `isa` (default: the best this CPU runs)."""
     if not sys.platform.startswith("linux"):
         return KernelUnavailable("the 4-bit kernel is built for Linux only")
-    isa = isa or next(iter(runnable_isas()), None)
+    isa = isa or _best_isa()
     if isa is None:
         return KernelUnavailable("this CPU has neither AVX2 (with FMA and F16C) nor AVX-512 VNNI")
     compiler = shutil.which("cc") or shutil.which("gcc")
@@ -111,7 +115,7 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
 
 def kernel_isa() -> str | None:
     """The instruction set the kernels run with here (None: they cannot run)."""
-    return runnable_isas()[0] if unavailable() is None else None
+    return _best_isa() if unavailable() is None else None
 
 
 def unavailable() -> str | None:
