@@ -1,8 +1,10 @@
 """Where one target forward's time goes, by kind of layer: the 4-bit products
-(core/models/int4.py), the int8 ones (Q6_K layers), the int8 LM head, and the
-rest (attention, norms, Python), for a prefill and for 1 / 2 / 3 / 5 / 8 new
-tokens after it. Each layer kind is timed by wrapping its forward, which adds a
-little overhead of its own; medians of --reps forwards.
+(core/models/int4.py), the 6-bit ones (Q6_K layers), any int8 ones, the LM head,
+and the rest (attention, norms, Python), for a prefill and for 1 / 2 / 3 / 5 / 8
+new tokens after it. Each layer kind is timed by wrapping its forward, which
+adds a little overhead of its own; medians of --reps forwards. The layers run as
+torch ops here (a one-call decoder stack hides its parts from Python:
+scripts/step_times.py times the two ways against each other).
 
     .venv/bin/python scripts/forward_breakdown.py --context-tokens 300
 """
@@ -39,10 +41,11 @@ def time_int4(totals: collections.Counter) -> None:
     gate/up (int4.join) go through int4.q4_mm."""
     product = int4.q4_mm
 
-    def wrapper(rows, packed, out_features):
+    def wrapper(rows, packed, out_features, isa=None, bits=4):
         start = time.perf_counter()
-        y = product(rows, packed, out_features)
-        totals["int4"] += time.perf_counter() - start
+        y = product(rows, packed, out_features, isa, bits)
+        kind = "head" if out_features >= HEAD_MIN else f"int{bits}"
+        totals[kind] += time.perf_counter() - start
         return y
 
     int4.q4_mm = wrapper
@@ -58,6 +61,7 @@ def main() -> None:
     text = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n' * 40
     ids = target.tokenizer(text)["input_ids"][: args.context_tokens]
     net = target.runner.net
+    net.stack = None
     totals: collections.Counter = collections.Counter()
     time_int4(totals)
     time_int8(totals)

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = 0.0
         if variant != "bf16":
             start = time.perf_counter()
-            four_bit = quantize.q4_k_reader(source_path(entry)) if variant == "int4" else None
+            four_bit = quantize.k_quant_reader(source_path(entry)) if variant == "int4" else None
             quantize.quantize_int8(loaded.model, four_bit)
             seconds = time.perf_counter() - start
         saved = quantize.Int8Linear.forward

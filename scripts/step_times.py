@@ -6,7 +6,9 @@ of the same model for comparison) and the drafter's lean runtime, each after a
 --context-token prompt, for 1, 2, 3, 5 and 8 new tokens (the pending token plus
 k proposals). Median of --reps forwards, rolled back after each. With llama.cpp
 installed (`make peers`), its own evals of the same GGUF beside them; and each
-runtime's prefill of the --context-token prompt, per prompt token.
+runtime's prefill of the --context-token prompt, per prompt token. Where the
+target's layers run as one kernel call (a Q4_K_M file's 4-bit and 6-bit layers),
+the same runtime with its layers as torch ops is timed beside it.
 
     .venv/bin/python scripts/step_times.py --json docs/results/step-times.json
 """
@@ -118,12 +120,19 @@ def main() -> None:
         "drafter_ms": drafter_ms(drafter, d_ids, args.reps),
         "prefill_ms_per_token": {"target_lean": prefill_ms(target.runner, t_ids)},
     }
+    net = target.runner.net
+    if net is not None and net.stack is not None:
+        stack, net.stack = net.stack, None
+        report["target_lean_torch_layers_ms"] = target_ms(target.runner, t_ids, args.reps)
+        report["prefill_ms_per_token"]["target_lean_torch_layers"] = prefill_ms(target.runner, t_ids)
+        net.stack = stack
     entry = catalog.get(args.target)
     gguf = entry.path or str(bundled_path(entry.id))
     peer = llamacpp_ms(gguf, t_ids, args.reps) if gguf.endswith(".gguf") else None
     if peer:
         report["llamacpp_ms"], report["prefill_ms_per_token"]["llamacpp"] = peer
-    for key in ("target_lean_ms", "target_transformers_ms", "drafter_ms", "llamacpp_ms"):
+    for key in ("target_lean_ms", "target_lean_torch_layers_ms", "target_transformers_ms", "drafter_ms",
+                "llamacpp_ms"):
         if key in report:
             print(f"{key:24s}", "  ".join(f"{n}: {ms:6.1f}" for n, ms in report[key].items()))
     print("prefill ms per token    ", report["prefill_ms_per_token"])

@@ -1,7 +1,8 @@
-"""4-bit target weights (core/models/int4.py): the kernel computes the 4-bit
-product, a row's result never depends on the rows beside it, Q4_K tensors read
-from a GGUF file are the weights the file holds, and speculative decoding of a
-4-bit target gives the tokens of its plain decoding."""
+"""4-bit and 6-bit target weights (core/models/int4.py): the kernels compute the
+products, a row's result never depends on the rows beside it, Q4_K and Q6_K
+tensors read from a GGUF file are the weights the file holds, a target's layers
+run as one kernel call compute what its torch layers compute, and speculative
+decoding of such a target gives the tokens of its plain decoding."""
 
 import mmap
 
@@ -15,7 +16,7 @@ from omnidraft.core.events import TurnFinished
 from omnidraft.core.models import int4, loader, quantize
 from omnidraft.core.models.catalog import ModelCatalog
 from omnidraft.core.models.int4 import Int4Linear
-from omnidraft.core.models.quantize import Int8Linear, int4_count, q4_k_reader, quantize_int8
+from omnidraft.core.models.quantize import Int8Linear, int4_count, k_quant_reader, quantize_int8
 
 from tests.tiny import tiny_qwen2
 
@@ -44,12 +45,33 @@ def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
     assert float((got - x @ int4.dequantize(q, scale, offset).T).norm() / got.norm()) < 0.02
 
 
+def _layer6(n=256, k=512, seed=0) -> int4.Q6:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=g)
+    scale = ((torch.rand(n, k // 16, generator=g) - 0.2) * 0.01).half()  # some negative, as Q6_K's can be
+    return int4.Q6(q, scale)
+
+
+@pytest.mark.parametrize("isa", int4.runnable_isas())
+def test_the_kernel_computes_the_6_bit_product_of_int8_rows(isa):
+    q6 = _layer6()
+    x = torch.randn(11, 512)
+    x[4] *= 300
+    got = int4.q4_mm(x, int4.pack6(*q6), 256, isa, bits=6)
+    row_scale = x.abs().amax(1, keepdim=True) / 127
+    want = ((x / row_scale).round().double() @ int4.dequantize6(*q6).double().T) * row_scale.double()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    layer = int4.low_bit(torch.nn.Linear(512, 256), q6)
+    assert layer.bits == 6 and torch.equal(layer(x), got + layer.bias)
+    assert torch.equal(torch.cat([layer(x[i : i + 1]) for i in range(11)]), layer(x))
+
+
 @pytest.mark.skipif(len(int4.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
 def test_every_instruction_set_gives_the_same_bits():
-    packed = int4.pack(*_layer())
     x = torch.randn(13, 512)
-    results = [int4.q4_mm(x, packed, 256, isa) for isa in int4.runnable_isas()]
-    assert all(torch.equal(results[0], other) for other in results[1:])
+    for packed, bits in ((int4.pack(*_layer()), 4), (int4.pack6(*_layer6()), 6)):
+        results = [int4.q4_mm(x, packed, 256, isa, bits=bits) for isa in int4.runnable_isas()]
+        assert all(torch.equal(results[0], other) for other in results[1:])
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
@@ -76,7 +98,7 @@ def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     writer.close()
     want = torch.from_numpy(dequantize(blocks.reshape(n, -1), GGMLQuantizationType.Q4_K).astype(np.float32))
 
-    read = q4_k_reader(path)
+    read = k_quant_reader(path)
     quantized = read("model.layers.0.mlp.up_proj", want.bfloat16())
     assert quantized is not None
     # Up to the fp16 rounding of the group scales (2^-11 of each: finer than bf16).
@@ -87,6 +109,30 @@ def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     assert read("lm_head", want) is None
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
         assert buffer[:4] == b"GGUF"
+
+
+def test_q6_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
+    n, k = 32, 512
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, size=(n * k // 256, 210), dtype=np.uint8)
+    blocks[:, 208:210] = np.array([0.001], dtype=np.float16).view(np.uint8)  # a finite d
+    path = tmp_path / "q6k.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("blk.0.ffn_down.weight", blocks.reshape(n, -1), raw_dtype=GGMLQuantizationType.Q6_K)
+    writer.add_tensor("output.weight", blocks.reshape(n, -1), raw_dtype=GGMLQuantizationType.Q6_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    want = torch.from_numpy(dequantize(blocks.reshape(n, -1), GGMLQuantizationType.Q6_K).astype(np.float32))
+
+    read = k_quant_reader(path)
+    for name in ("model.layers.0.mlp.down_proj", "lm_head"):
+        quantized = read(name, want.bfloat16())
+        assert isinstance(quantized, int4.Q6)
+        torch.testing.assert_close(int4.dequantize6(*quantized), want, rtol=0, atol=float(want.abs().max()) * 2**-10)
+    assert read("model.layers.0.mlp.down_proj", want.flip(0)) is None
+    assert read("model.layers.0.mlp.up_proj", want) is None
 
 
 def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypatch):
@@ -100,18 +146,25 @@ def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypat
         m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
 
 
-def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(tmp_path, qwen_tok, monkeypatch):
+@pytest.mark.parametrize("formats", ["4-bit", "Q4_K_M-like"])
+def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(formats, tmp_path, qwen_tok, monkeypatch):
     from omnidraft.core.decoding.sampling import GenerationConfig
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
-    monkeypatch.setattr(loader, "_four_bit", lambda entry: lambda name, w: int4.fit(w))
+    monkeypatch.setattr(loader, "_four_bit",
+                        lambda entry: _file_like if formats != "4-bit" else lambda name, w: int4.fit(w))
     model = tiny_qwen2(len(qwen_tok), seed=1)
     model.save_pretrained(tmp_path)
     qwen_tok.save_pretrained(tmp_path)
     engine = Engine(ModelCatalog(), dtype=torch.float32, int8=True, learn_settings=LearnSettings(enabled=False))
     engine.load_target(str(tmp_path), measure_baseline=False)
-    assert int4_count(engine.target.model) == 7 * len(model.model.layers) + 1  # the LM head too
-    assert engine.target.runner.kind == "lean"
+    layers = len(model.model.layers)
+    if formats == "4-bit":
+        assert int4_count(engine.target.model) == 7 * layers + 1  # the LM head too
+    else:
+        assert int4_count(engine.target.model, bits=6) == 2 * layers + 1
+        assert f"6-bit in {2 * layers + 1}" in engine.describe_target().runs_as
+    assert engine.target.runner.kind == "lean" and engine.target.runner.net.stack is not None
     assert "4-bit weights" in engine.describe_target().runs_as
     cfg = GenerationConfig(max_new_tokens=32)
     for prompt in ("def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "The snowflake fell. The"):
@@ -155,6 +208,45 @@ def _adapter(model, rank: int = 4, scale: float = 0.02, skip: str = "k_proj") ->
     return {name.removesuffix(".weight"): (torch.randn(rank, w.shape[1], generator=g) * scale,
                                            torch.randn(w.shape[0], rank, generator=g) * scale)
             for name, w in model.named_parameters() if name.endswith("proj.weight") and skip not in name}
+
+
+def _file_like(name: str, w: torch.Tensor):
+    """A Q4_K_M file's choice: v and down projections and the LM head in 6 bits
+    (Q6_K), the other projections in 4 (Q4_K)."""
+    return int4.fit6(w) if name.endswith(("v_proj", "down_proj", "lm_head")) else int4.fit(w)
+
+
+def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_layers_compute(qwen_tok, monkeypatch):
+    """A Q4_K_M target's projections, 4-bit and 6-bit, run as one decoder-stack
+    call (v in 6 bits beside 4-bit q and k: a projection in parts); its torch
+    layers over the same modules are the reference: a prompt longer than one
+    stack call takes, steps, a verification-sized block, a rollback."""
+    from omnidraft.core.models import lean_llama
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    monkeypatch.setattr(lean_llama, "_STACK_ROWS", 16)
+    model = tiny_qwen2(len(qwen_tok), seed=6)
+    quantize_int8(model, _file_like)
+    assert int4_count(model, bits=6) == 2 * len(model.model.layers) + 1
+    net = TargetRunner(model).net
+    assert net.stack is not None
+    stack = net.stack
+
+    def run(use_stack: bool) -> torch.Tensor:
+        net.stack = stack if use_stack else None
+        net.reset()
+        out = [net.forward(list(range(100, 150)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11, 12])[0]]
+        net.rollback(52)
+        out += [net.forward([13, 14])[0], net.forward([15])[0]]
+        assert net.length == 55
+        return torch.cat(out)
+
+    torch.testing.assert_close(run(True), run(False), atol=1e-3, rtol=1e-3)
+    with torch.inference_mode():
+        reference = model(torch.tensor([list(range(100, 150))])).logits[0]
+    net.reset()
+    torch.testing.assert_close(net.forward(list(range(100, 150)))[0], reference, atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.parametrize("build", ["llama", "qwen2", "llama+adapter"])

@@ -1,10 +1,12 @@
-/* A Llama-family decoder stack in one call, every projection 4-bit (int4_gemm.c):
-the drafter's forward (core/models/lean_llama.py, LeanLlama with 4-bit weights).
+/* A Llama-family decoder stack in one call, every projection 4-bit or 6-bit
+(int4_gemm.c): the drafter's forward and a GGUF target's
+(core/models/lean_llama.py).
 
 Why: the drafter's weights stream in ~2 ms, but a forward of its 30 layers as
 torch ops costs ~6 ms, most of it per-op overhead (~25 small ops a layer:
-norms, RoPE, the KV copy, attention on one query row). Here a layer is its four
-4-bit products and plain loops between them, and the whole stack is one call.
+norms, RoPE, the KV copy, attention on one query row); the target's 28 layers
+spent ~21 ms a token that way on an AVX2 CPU. Here a layer is its products and
+plain loops between them, and the whole stack is one call.
 
 Per layer, for the n new rows at positions start..start+n-1:
   h = rms_norm(x) * norm1;  q, k, v = h Wqkv^T (+ b);  RoPE on q and k;
@@ -14,6 +16,8 @@ x comes in as the embeddings and leaves as the last layer's residual stream (the
 final norm and LM head stay in torch). Cache layout [layer, 2, kv head, capacity,
 head_dim], as LeanLlama holds it; cos/sin [capacity, head_dim] from the model's
 own rotary embedding, so every RoPE variant comes out as the model computes it.
+A projection may come in parts side by side (a target whose file stores q and k
+in 4 bits and v in 6), each its own product into its columns.
 */
 #include <immintrin.h>
 #include <math.h>
@@ -21,12 +25,16 @@ own rotary embedding, so every RoPE variant comes out as the model computes it.
 #include <stdlib.h>
 #include <string.h>
 
-int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int threads);
+int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+            int threads);
+int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+            int threads);
 
 typedef struct {
-    const uint8_t *packed; /* int4_gemm.c's block layout */
+    const uint8_t *packed; /* int4_gemm.c's block layouts */
     const float *bias;     /* NULL: none */
-    int64_t out;
+    int64_t out;           /* 0: no such part */
+    int64_t bits;          /* 4 or 6 */
     /* A learned adapter beside the 4-bit weight, y += (x A^T) B^T per part of a
        fused projection (q, k, v): rounding it into 4 bits would bury it
        (docs/learning.md). NULL: none. A [parts * rank, in] and B^T [rank, out],
@@ -40,7 +48,7 @@ typedef struct {
 
 typedef struct {
     const float *norm1, *norm2;
-    Projection qkv, o, gate_up, down;
+    Projection qkv[3], o, gate_up[2], down;
 } Layer;
 
 static void rms_norm(const float *x, const float *w, float eps, int64_t n, int64_t dim, float *out) {
@@ -129,7 +137,8 @@ static inline float dot(const float *a, const uint16_t *b, int64_t len) {
     return vsum(acc);
 }
 
-static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int threads) {
+static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy,
+                    int threads) {
     int64_t width = p->parts * p->rank;
     float *t = malloc(sizeof(float) * (size_t)(n * width));
     if (!t) return -1;
@@ -146,9 +155,9 @@ static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, f
             while (o >= p->part_end[part]) part++;
             for (int64_t r = 0; r < n; r++) {
                 const float *tr = t + r * width + part * p->rank;
-                vec acc = vload(y + r * p->out + o);
+                vec acc = vload(y + r * ldy + o);
                 for (int64_t i = 0; i < p->rank; i++) acc = vfmadd(vset1(tr[i]), vhalf(p->lora_b + i * p->out + o), acc);
-                vstore(y + r * p->out + o, acc);
+                vstore(y + r * ldy + o, acc);
             }
         }
     }
@@ -156,12 +165,21 @@ static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, f
     return 0;
 }
 
-static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int threads) {
-    if (q4_gemm(x, n, k, p->packed, p->out, y, threads)) return -1;
-    if (p->lora_a && low_rank(p, x, n, k, y, threads)) return -1;
+/* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias). */
+static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy, int threads) {
+    if ((p->bits == 6 ? q6_gemm : q4_gemm)(x, n, k, p->packed, p->out, y, ldy, threads)) return -1;
+    if (p->lora_a && low_rank(p, x, n, k, y, ldy, threads)) return -1;
     if (p->bias)
         for (int64_t r = 0; r < n; r++)
-            for (int64_t i = 0; i < p->out; i++) y[r * p->out + i] += p->bias[i];
+            for (int64_t i = 0; i < p->out; i++) y[r * ldy + i] += p->bias[i];
+    return 0;
+}
+
+/* The parts of one projection side by side into y [n, width]. */
+static int project_parts(const Projection *parts, int count, const float *x, int64_t n, int64_t k, float *y,
+                         int64_t width, int threads) {
+    for (int64_t i = 0, col = 0; i < count && parts[i].out; col += parts[i].out, i++)
+        if (project(parts + i, x, n, k, y + col, width, threads)) return -1;
     return 0;
 }
 
@@ -246,7 +264,7 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
         const Layer *L = layers + l;
         float *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
         rms_norm(x, L->norm1, eps, n, hidden, h);
-        if (project(&L->qkv, h, n, hidden, qkv, threads)) { failed = 1; break; }
+        if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, threads)) { failed = 1; break; }
         for (int64_t r = 0; r < n; r++) {
             float *row = qkv + r * qkv_width;
             const float *c = cos + (start + r) * d, *s = sin + (start + r) * d;
@@ -270,12 +288,12 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
             free(scores);
         }
         if (failed) break;
-        if (project(&L->o, att, n, n_heads * d, h, threads)) { failed = 1; break; }
+        if (project(&L->o, att, n, n_heads * d, h, hidden, threads)) { failed = 1; break; }
         for (int64_t i = 0; i < n * hidden; i++) x[i] += h[i];
         rms_norm(x, L->norm2, eps, n, hidden, h);
-        if (project(&L->gate_up, h, n, hidden, gu, threads)) { failed = 1; break; }
+        if (project_parts(L->gate_up, 2, h, n, hidden, gu, 2 * inter, threads)) { failed = 1; break; }
         for (int64_t r = 0; r < n; r++) silu_mul(gu + r * 2 * inter, gu + r * 2 * inter + inter, inter, act + r * inter);
-        if (project(&L->down, act, n, inter, h, threads)) { failed = 1; break; }
+        if (project(&L->down, act, n, inter, h, hidden, threads)) { failed = 1; break; }
         for (int64_t i = 0; i < n * hidden; i++) x[i] += h[i];
     }
     free(h), free(qkv), free(att), free(gu), free(act);

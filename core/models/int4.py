@@ -1,5 +1,6 @@
-"""4-bit target weights: a GGUF model's 4-bit tensors kept at 4 bits, through a
-kernel whose cost stays near one token's for the k+1 rows a verification feeds it.
+"""4-bit (and 6-bit) target weights: a GGUF model's Q4_K and Q6_K tensors kept as
+the file holds them, through kernels whose cost stays near one token's for the
+k+1 rows a verification feeds them.
 
 Why a kernel of our own (int4_gemm.c): the bytes a forward streams decide the
 speed of decoding here, and the int8 target streams 1.5 GB per forward for
@@ -16,10 +17,14 @@ with VNNI and for AVX2 (with FMA and F16C, as most desktop CPUs have; ISAS),
 built for the best the CPU runs; without either or a compiler, targets keep int8
 weights (core/models/quantize.py) and model info says why.
 
-Which tensors: a target's layers its GGUF file stores as Q4_K, read from the
-file and checked against the loaded weight (read_q4_k, matches); anything else
-(Q6_K and Q8 tensors, float models) stays int8, so 4 bits never costs a target
-accuracy the file did not already have. The drafter's projections are rounded
+Which tensors: a target's layers its GGUF file stores as Q4_K or Q6_K, read
+from the file and checked against the loaded weight (read_q4_k, read_q6_k,
+matches); anything else (Q5/Q8 tensors, float models) stays int8, so these
+formats never cost a target accuracy the file did not already have. Q6_K
+tensors (half the layers' v and down projections and the LM head of a Q4_K_M
+file) take the 6-bit kernel, so a Q4_K_M target's decoder stack runs as one
+kernel call as the drafter's does (DecoderStack) instead of torch ops between
+products (~21 ms a token on an AVX2 CPU, docs/speed.md). The drafter's projections are rounded
 to 4 bits (fit), where only acceptance depends on the rounding.
 """
 
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -41,6 +47,8 @@ from ..storage.paths import cache_dir
 GROUP = 32  # inputs per (scale, offset)
 CHANNELS = 16  # output channels per block
 BLOCK_BYTES = 320  # 16 x 32 nibbles + 16 fp16 scales + 16 fp16 offsets
+Q6_BLOCK_BYTES = 448  # 16 x 32 nibbles + their high bit pairs + 32 fp16 scales
+Q6_PART = 16  # inputs per 6-bit scale
 # The 4-bit product, and the drafter's whole decoder stack built on it.
 _SOURCES = [Path(__file__).with_name(name) for name in ("int4_gemm.c", "decoder_stack.c")]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
@@ -103,9 +111,10 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
                 return KernelUnavailable(f"the 4-bit kernel did not build: {done.stderr.strip()[-300:]}")
             out.replace(built)  # atomic: a second process never loads half a file
     lib = ctypes.CDLL(str(built))
-    lib.q4_gemm.restype = ctypes.c_int
-    lib.q4_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    for gemm in (lib.q4_gemm, lib.q6_gemm):
+        gemm.restype = ctypes.c_int
+        gemm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     lib.decoder_stack.restype = ctypes.c_int
     lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -125,14 +134,19 @@ def unavailable() -> str | None:
 
 
 Q4_K = 12  # gguf.GGMLQuantizationType.Q4_K
+Q6_K = 14
 _Q4_K_BLOCK = 144  # bytes per 256 weights: d, dmin (fp16), 12 bytes of 6-bit scales/mins, 128 of nibbles
+_Q6_K_BLOCK = 210  # bytes per 256 weights: 128 of low nibbles, 64 of high bit pairs, 16 int8 scales, d (fp16)
 # Module names of a Llama-family decoder layer and their GGUF tensor names.
 GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
               "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
 
 
 def gguf_name(module_name: str) -> str | None:
-    """model.layers.3.mlp.down_proj -> blk.3.ffn_down.weight (None: not a layer projection)."""
+    """model.layers.3.mlp.down_proj -> blk.3.ffn_down.weight, lm_head -> output.weight
+    (None: neither)."""
+    if module_name == "lm_head":
+        return "output.weight"
     parts = module_name.split(".")
     if len(parts) < 4 or parts[-4] != "layers" or parts[-1] not in GGUF_NAMES:
         return None
@@ -161,6 +175,41 @@ def read_q4_k(buffer, offset: int, n: int, k: int) -> tuple[torch.Tensor, torch.
             torch.from_numpy(shift.reshape(n, -1)).half())
 
 
+class Q6(NamedTuple):
+    """A 6-bit tensor [n, k]: w = scale * (q - 32), q uint8 0..63, scale fp16 per 16 inputs."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+
+def read_q6_k(buffer, offset: int, n: int, k: int) -> Q6:
+    """A Q6_K tensor [n, k] from a GGUF file's bytes (gguf.quants.Q6_K reads it the
+    same way): per 256 weights d and, per 16, an int8 sc; w = d * sc * (q - 32).
+    d * sc is rounded to fp16 (2^-11 relative, finer than the bf16 copy loaded)."""
+    import numpy as np
+
+    blocks = np.frombuffer(buffer, dtype=np.uint8, count=n * k // 256 * _Q6_K_BLOCK, offset=offset)
+    blocks = blocks.reshape(-1, _Q6_K_BLOCK)
+    low = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    high = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = (low & np.uint8(0x0F)).reshape(-1, 256) | ((high & np.uint8(0x03)).reshape(-1, 256) << np.uint8(4))
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    scale = d * blocks[:, 192:208].copy().view(np.int8).astype(np.float32)
+    return Q6(torch.from_numpy(q.reshape(n, k).copy()), torch.from_numpy(scale.reshape(n, -1)).half())
+
+
+def fit6(weight: torch.Tensor) -> Q6 | None:
+    """Any weight rounded onto the 6-bit grid per 16 inputs (symmetric, as Q6_K):
+    tests build 6-bit layers from it. None when the shape does not fit the kernel."""
+    n, k = weight.shape
+    if n % CHANNELS or k % GROUP:
+        return None
+    w = weight.detach().float().view(n, k // Q6_PART, Q6_PART)
+    scale = (w.abs().amax(-1) / 31).half()
+    q = (w / scale.float().clamp(min=1e-8)[..., None]).round().clamp(-32, 31) + 32
+    return Q6(q.to(torch.uint8).view(n, k), scale)
+
+
 def fit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Any weight rounded onto a 4-bit grid per group of 32 inputs (from its least to
     its largest value): the drafter's form, where only acceptance depends on the
@@ -175,30 +224,55 @@ def fit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return q.to(torch.uint8).view(n, k), scale, offset
 
 
-def matches(weight: torch.Tensor, quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> bool:
-    """Whether the 4-bit tensor is the loaded weight (up to the bf16 rounding of the
-    loaded copy): a reader that finds a tensor stored in another order (a loader
-    that permutes it, another architecture's layout) falls back to int8."""
+def matches(weight: torch.Tensor, quantized: tuple[torch.Tensor, ...]) -> bool:
+    """Whether the 4-bit or 6-bit tensor is the loaded weight (up to the bf16
+    rounding of the loaded copy): a reader that finds a tensor stored in another
+    order (a loader that permutes it, another architecture's layout) falls back to
+    int8."""
     if tuple(weight.shape) != tuple(quantized[0].shape):
         return False
     rows = slice(0, 64)  # enough to tell a permuted tensor; the whole one costs seconds
     w = weight[rows].detach().float()
-    error = (dequantize(*(t[rows] for t in quantized)) - w).abs()
-    return bool((error <= w.abs() * 2.0**-7 + quantized[1][rows].float().repeat_interleave(GROUP, 1) * 0.02).all())
+    part = quantized[0][rows]
+    if isinstance(quantized, Q6):
+        scale = quantized.scale[rows].float()
+        error = (dequantize6(part, scale) - w).abs()
+        step = scale.abs().repeat_interleave(Q6_PART, 1)
+    else:
+        error = (dequantize(*(t[rows] for t in quantized)) - w).abs()
+        step = quantized[1][rows].float().repeat_interleave(GROUP, 1)
+    return bool((error <= w.abs() * 2.0**-7 + step * 0.02).all())
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """The kernel's block layout (see int4_gemm.c) as one uint8 tensor."""
+def _nibbles(q: torch.Tensor) -> torch.Tensor:
+    """The low nibbles of q [n, k] in the kernels' layout: [n/16, k/32, 256]."""
     n, k = q.shape
     cols, groups = n // CHANNELS, k // GROUP
     # [col, j, g, (h, t, b)] -> [col, g, t, j, b, h]: input 16h + 4t + b of channel j
-    nib = q.view(cols, CHANNELS, groups, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
-    nib = (nib[..., 0] | (nib[..., 1] << 4)).reshape(cols, groups, 256)
+    nib = (q & 0x0F).view(cols, CHANNELS, groups, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
+    return (nib[..., 0] | (nib[..., 1] << 4)).reshape(cols, groups, 256)
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """The 4-bit kernel's block layout (see int4_gemm.c) as one uint8 tensor."""
+    n, k = q.shape
+    cols, groups = n // CHANNELS, k // GROUP
 
     def per_block(t: torch.Tensor) -> torch.Tensor:
         return t.view(cols, CHANNELS, groups).transpose(1, 2).contiguous().view(torch.uint8)
 
-    return torch.cat([nib, per_block(scale), per_block(offset)], dim=-1).contiguous()
+    return torch.cat([_nibbles(q), per_block(scale), per_block(offset)], dim=-1).contiguous()
+
+
+def pack6(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The 6-bit kernel's block layout (see int4_gemm.c) as one uint8 tensor."""
+    n, k = q.shape
+    cols, groups = n // CHANNELS, k // GROUP
+    # high bit pairs: [col, (h, jj), g, (s, f, b)] -> [col, g, s, h, jj, b, f]
+    high = (q >> 4).view(cols, 2, 8, groups, 2, 4, 4).permute(0, 3, 4, 1, 2, 6, 5)
+    high = (high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)).reshape(cols, groups, 128)
+    scales = scale.view(cols, CHANNELS, groups, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+    return torch.cat([_nibbles(q), high, scales.reshape(cols, groups, 64)], dim=-1).contiguous()
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
@@ -208,40 +282,67 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> to
     return w.view(n, k)
 
 
-def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, isa: str | None = None) -> torch.Tensor:
+def dequantize6(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float weight the 6-bit one stands for."""
+    n, k = q.shape
+    return ((q.float() - 32).view(n, k // Q6_PART, Q6_PART) * scale.float()[..., None]).view(n, k)
+
+
+def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, isa: str | None = None,
+          bits: int = 4) -> torch.Tensor:
     """rows [m, k] @ W^T in float32, each row quantized to int8 on its own scale
-    (isa: the kernel build to use, default the best this CPU runs)."""
+    (isa: the kernel build to use, default the best this CPU runs; bits: 4, or 6
+    for pack6's layout)."""
     lib = _library(isa)
     if isinstance(lib, KernelUnavailable):
         raise lib
     x = rows.float().contiguous()
     m, k = x.shape
     y = torch.empty(m, out_features, dtype=torch.float32)
-    if lib.q4_gemm(x.data_ptr(), m, k, packed.data_ptr(), out_features, y.data_ptr(), torch.get_num_threads()):
-        raise MemoryError("out of memory in the 4-bit kernel")
+    gemm = lib.q6_gemm if bits == 6 else lib.q4_gemm
+    if gemm(x.data_ptr(), m, k, packed.data_ptr(), out_features, y.data_ptr(), out_features, torch.get_num_threads()):
+        raise MemoryError(f"out of memory in the {bits}-bit kernel")
     return y
 
 
 class Int4Linear(torch.nn.Module):
     """y = x W^T + b with W stored in 4 bits (see the module docstring)."""
 
-    def __init__(self, linear: torch.nn.Linear, quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor]):
+    bits = 4
+
+    def __init__(self, linear: torch.nn.Linear, quantized: tuple[torch.Tensor, ...]):
         super().__init__()
-        self._packed = pack(*quantized)
+        self._packed = pack6(*quantized) if self.bits == 6 else pack(*quantized)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight_count = linear.weight.numel()
         self.streamed = self._packed.numel()  # bytes one product reads
         bias = linear.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
 
+    @property
+    def kernel_weights(self) -> tuple[torch.Tensor, int]:
+        """(packed weights, bits): what DecoderStack runs."""
+        return self._packed, self.bits
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = q4_mm(x.reshape(-1, self.in_features), self._packed, self.out_features)
+        y = q4_mm(x.reshape(-1, self.in_features), self._packed, self.out_features, bits=self.bits)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int{self.bits}"
+
+
+class Int6Linear(Int4Linear):
+    """y = x W^T + b with W stored in 6 bits, as a Q6_K tensor holds it (Q6)."""
+
+    bits = 6
+
+
+def low_bit(linear: torch.nn.Linear, quantized: tuple[torch.Tensor, ...]) -> Int4Linear:
+    """The linear layer with the weights read from its file (Q6) or rounded (4-bit)."""
+    return Int6Linear(linear, quantized) if isinstance(quantized, Q6) else Int4Linear(linear, quantized)
 
 
 def join(layers: list[Int4Linear]):
@@ -257,36 +358,50 @@ def join(layers: list[Int4Linear]):
         rows = layer._packed.shape[0]
         layer._packed = packed[start : start + rows]
         start += rows
-    width, out = layers[0].in_features, sum(layer.out_features for layer in layers)
     biases = [layer.bias for layer in layers]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(layer.out_features) for b, layer in zip(biases, layers)])
+    return Joined(packed, layers[0].in_features, sum(layer.out_features for layer in layers), bias)
 
-    def project(x: torch.Tensor) -> torch.Tensor:
-        y = q4_mm(x.reshape(-1, width), packed, out)
-        return y if bias is None else y + bias
 
-    return project
+class Joined:
+    """Several 4-bit layers of one input as one product (join)."""
+
+    def __init__(self, packed: torch.Tensor, in_features: int, out_features: int, bias: torch.Tensor | None):
+        self.kernel_weights = packed, 4
+        self.in_features, self.out_features, self.bias = in_features, out_features, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = q4_mm(x.reshape(-1, self.in_features), self.kernel_weights[0], self.out_features)
+        return y if self.bias is None else y + self.bias
 
 
 class _Projection(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int64),
-                ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p), ("part_end", ctypes.c_void_p),
-                ("parts", ctypes.c_int64), ("rank", ctypes.c_int64)]
+                ("bits", ctypes.c_int64), ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p),
+                ("part_end", ctypes.c_void_p), ("parts", ctypes.c_int64), ("rank", ctypes.c_int64)]
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("qkv", _Projection),
-                ("o", _Projection), ("gate_up", _Projection), ("down", _Projection)]
+    _fields_ = [("norm1", ctypes.c_void_p), ("norm2", ctypes.c_void_p), ("qkv", _Projection * 3),
+                ("o", _Projection), ("gate_up", _Projection * 2), ("down", _Projection)]
+
+
+def runs_in_stack(projection) -> bool:
+    """Whether DecoderStack can run this projection (a list: parts side by side)."""
+    parts = projection if isinstance(projection, list | tuple) else [projection]
+    return all(getattr(p, "kernel_weights", None) is not None for p in parts)
 
 
 class DecoderStack:
-    """A Llama-family decoder stack whose projections are all 4-bit, run as one
-    kernel call (decoder_stack.c): the drafter's forward without torch's per-op
-    overhead. layers: per layer (norm1, qkv, o, norm2, gate_up, down), each
-    projection with .packed4 (pack's layout), .bias (or None), .out_features and
-    .low_rank (None, or a learned adapter beside the weight: a [parts*r, in],
-    b^T [r, out], both fp16, each part's end among the outputs)."""
+    """A Llama-family decoder stack whose projections are all 4-bit or 6-bit, run
+    as one kernel call (decoder_stack.c): the drafter's forward, and a GGUF
+    target's, without torch's per-op overhead. layers: per layer (norm1, qkv,
+    o, norm2, gate_up, down); qkv may be a list of up to 3 parts side by side,
+    gate_up of up to 2. Each part has .kernel_weights ((packed, bits), see
+    Int4Linear), .bias (or None), .out_features and optionally .low_rank (a
+    learned adapter beside the weight: a [parts*r, in], b^T [r, out], both fp16,
+    each part's end among the outputs). The tensors are used in place, not copied."""
 
     def __init__(self, layers: list[tuple], n_heads: int, n_kv: int, head_dim: int, eps: float):
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
@@ -300,18 +415,27 @@ class DecoderStack:
             return t.data_ptr()
 
         def projection(p) -> _Projection:
+            packed, bits = p.kernel_weights
             bias = None if p.bias is None else p.bias.float()
-            if p.low_rank is None:
-                return _Projection(ptr(p.packed4), ptr(bias), p.out_features)
-            a, b, ends = p.low_rank
-            return _Projection(ptr(p.packed4), ptr(bias), p.out_features, ptr(a), ptr(b),
+            low_rank = getattr(p, "low_rank", None)
+            if low_rank is None:
+                return _Projection(ptr(packed), ptr(bias), p.out_features, bits)
+            a, b, ends = low_rank
+            return _Projection(ptr(packed), ptr(bias), p.out_features, bits, ptr(a), ptr(b),
                                ptr(ends.to(torch.int64)), len(ends), b.shape[0])
 
+        def parts(p, most: int):
+            p = list(p) if isinstance(p, list | tuple) else [p]
+            if len(p) > most:
+                raise ValueError(f"a projection in more than {most} parts")
+            return (_Projection * most)(*map(projection, p))
+
         self._layers = (_Layer * len(layers))(*[
-            _Layer(ptr(n1.float()), ptr(n2.float()), projection(qkv), projection(o), projection(gu), projection(down))
+            _Layer(ptr(n1.float()), ptr(n2.float()), parts(qkv, 3), projection(o), parts(gu, 2), projection(down))
             for n1, qkv, o, n2, gu, down in layers])
         self.hidden = layers[0][0].numel()
-        self.inter = layers[0][4].out_features // 2
+        gate_up = layers[0][4] if isinstance(layers[0][4], list | tuple) else [layers[0][4]]
+        self.inter = sum(p.out_features for p in gate_up) // 2
 
     def __call__(self, x: torch.Tensor, start: int, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """x [n, hidden] float32 (the embeddings of positions start..) becomes, in

@@ -1,4 +1,5 @@
-/* y = x W^T for 4-bit weights: the target's verification kernel (core/models/int4.py).
+/* y = x W^T for 4-bit and 6-bit weights: the target's verification kernels
+(core/models/int4.py).
 
 Weights: per output channel and group of 32 inputs, w = s * q + z with q in 0..15
 and s, z in fp16 (a GGUF Q4_K/Q4_0/Q4_1 tensor is exactly this up to rounding
@@ -17,6 +18,12 @@ The weights are unpacked once per block and used by up to 8 rows, so up to 8
 rows cost about what one does while the weights stream from memory (a
 speculative verification of k+1 tokens), which is what no library kernel on
 this CPU gives (docs/speed.md).
+
+6-bit weights (a GGUF Q6_K tensor, exactly): w = s * (q - 32), q in 0..63, one
+fp16 scale per channel and 16 inputs. Blocks of 16 channels x 32 inputs, 448
+bytes: q's low nibbles as in the 4-bit layout (256 bytes), then its high bit
+pairs (128 bytes: 32-byte chunk 2s+h holds, for byte i of nibble register 4s+f
+of half h, bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
 */
 #include <immintrin.h>
 #include <math.h>
@@ -27,10 +34,13 @@ this CPU gives (docs/speed.md).
 #define GROUP 32
 #define CHANNELS 16
 #define BLOCK_BYTES 320
+#define Q6_BLOCK_BYTES 448
 #define MAX_ROWS 8
 
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *row_scale, float *group_sum) {
-    int64_t groups = k / GROUP;
+/* Each row to int8 on its own scale; sums of the int8 values per `width` inputs. */
+static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *row_scale, float *group_sum,
+                          int64_t width) {
+    int64_t groups = k / width;
     for (int64_t r = 0; r < m; r++) {
         const float *xr = x + r * k;
         float amax = 0.0f;
@@ -43,7 +53,7 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, floa
         int8_t *qr = xq + r * k;
         for (int64_t g = 0; g < groups; g++) {
             int32_t sum = 0;
-            for (int64_t i = g * GROUP; i < (g + 1) * GROUP; i++) {
+            for (int64_t i = g * width; i < (g + 1) * width; i++) {
                 int32_t q = (int32_t)nearbyintf(xr[i] * inv);
                 qr[i] = (int8_t)q;
                 sum += q;
@@ -57,7 +67,7 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, floa
 #ifdef __AVX512VNNI__
 static inline __attribute__((always_inline)) void channel_block(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
-    int64_t k, int rows, float *y, int64_t n) {
+    int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -80,7 +90,46 @@ static inline __attribute__((always_inline)) void channel_block(
         }
     }
     for (int r = 0; r < rows; r++)
-        _mm512_storeu_ps(y + r * n, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
+        _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
+}
+
+/* 6-bit: the nibble registers as above, each completed by its high bit pair; per
+   16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
+static inline __attribute__((always_inline)) void channel_block6(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *part_sum, const float *row_scale,
+    int64_t k, int rows, float *y, int64_t ldy) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
+        __m512i w[8];
+        for (int t = 0; t < 4; t++) {
+            __m512i v = _mm512_loadu_si512((const void *)(b + 64 * t));
+            w[t] = _mm512_and_si512(v, low);
+            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        __m512 sc[2];
+        for (int s = 0; s < 2; s++) {
+            __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
+            w[4 * s] = _mm512_or_si512(w[4 * s], _mm512_and_si512(_mm512_slli_epi16(hb, 4), pair));
+            w[4 * s + 1] = _mm512_or_si512(w[4 * s + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), pair));
+            w[4 * s + 2] = _mm512_or_si512(w[4 * s + 2], _mm512_and_si512(hb, pair));
+            w[4 * s + 3] = _mm512_or_si512(w[4 * s + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), pair));
+            sc[s] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
+        }
+        for (int r = 0; r < rows; r++) {
+            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+            for (int s = 0; s < 2; s++) {
+                __m512i d = _mm512_setzero_si512();
+                for (int f = 0; f < 4; f++) d = _mm512_dpbusd_epi32(d, w[4 * s + f], _mm512_set1_epi32(xr[4 * s + f]));
+                d = _mm512_sub_epi32(d, _mm512_set1_epi32(32 * (int32_t)part_sum[r * 2 * groups + 2 * g + s]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc[s], acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
 }
 
 #else
@@ -91,7 +140,7 @@ static inline __attribute__((always_inline)) void channel_block(
    integers and the same float steps as above, so the same results. */
 static inline __attribute__((always_inline)) void channel_block(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
-    int64_t k, int rows, float *y, int64_t n) {
+    int64_t k, int rows, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -125,46 +174,112 @@ static inline __attribute__((always_inline)) void channel_block(
     }
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < 2; h++)
-            _mm256_storeu_ps(y + r * n + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
+            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
 }
-#endif
-
-#define ROWS_CASE(R)                                                                              \
-    case R:                                                                                       \
-        channel_block(blocks, groups, xq + r0 * k, group_sum + r0 * groups, row_scale + r0, k, R, \
-                      y + r0 * n + c * CHANNELS, n);                                              \
-        break;
-
-/* x [m, k] float32, y [m, n] float32; k a multiple of 32, n of 16. Returns 0, or -1
-   when out of memory. */
-int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int threads) {
-    int64_t groups = k / GROUP;
-    int8_t *xq = (int8_t *)malloc((size_t)(m * k));
-    float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
-    float *group_sum = (float *)malloc(sizeof(float) * (size_t)(m * groups));
-    if (!xq || !row_scale || !group_sum) {
-        free(xq), free(row_scale), free(group_sum);
-        return -1;
-    }
-    quantize_rows(x, m, k, xq, row_scale, group_sum);
-    int64_t columns = n / CHANNELS;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t c = 0; c < columns; c++) {
-        const uint8_t *blocks = weights + c * groups * BLOCK_BYTES;
-        for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
-            int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
-            switch (rows) {
-                ROWS_CASE(1)
-                ROWS_CASE(2)
-                ROWS_CASE(3)
-                ROWS_CASE(4)
-                ROWS_CASE(5)
-                ROWS_CASE(6)
-                ROWS_CASE(7)
-                ROWS_CASE(8)
+/* 6-bit with AVX2: pair sums of two steps fit int16 (2 x 2 x 63 x 127 < 32768);
+   same integers and float steps as the AVX-512 path. */
+static inline __attribute__((always_inline)) void channel_block6(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *part_sum, const float *row_scale,
+    int64_t k, int rows, float *y, int64_t ldy) {
+    __m256 acc[MAX_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
+        __m256i w[2][8];
+        __m256 sc[2][2];
+        for (int h = 0; h < 2; h++) {
+            for (int t = 0; t < 4; t++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h));
+                w[h][t] = _mm256_and_si256(v, low);
+                w[h][t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            for (int s = 0; s < 2; s++) {
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 256 + 32 * (2 * s + h)));
+                __m256i *ws = w[h] + 4 * s;
+                ws[0] = _mm256_or_si256(ws[0], _mm256_and_si256(_mm256_slli_epi16(hb, 4), pair));
+                ws[1] = _mm256_or_si256(ws[1], _mm256_and_si256(_mm256_slli_epi16(hb, 2), pair));
+                ws[2] = _mm256_or_si256(ws[2], _mm256_and_si256(hb, pair));
+                ws[3] = _mm256_or_si256(ws[3], _mm256_and_si256(_mm256_srli_epi16(hb, 2), pair));
+                sc[s][h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 384 + 32 * s + 16 * h)));
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+            for (int s = 0; s < 2; s++) {
+                __m256i x0 = _mm256_set1_epi32(xr[4 * s]), x1 = _mm256_set1_epi32(xr[4 * s + 1]);
+                __m256i x2 = _mm256_set1_epi32(xr[4 * s + 2]), x3 = _mm256_set1_epi32(xr[4 * s + 3]);
+                __m256i shift = _mm256_set1_epi32(32 * (int32_t)part_sum[r * 2 * groups + 2 * g + s]);
+                for (int h = 0; h < 2; h++) {
+                    const __m256i *ws = w[h] + 4 * s;
+                    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ws[0], x0), _mm256_maddubs_epi16(ws[1], x1));
+                    __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(ws[2], x2), _mm256_maddubs_epi16(ws[3], x3));
+                    __m256i d = _mm256_add_epi32(_mm256_madd_epi16(p, ones), _mm256_madd_epi16(q, ones));
+                    d = _mm256_sub_epi32(d, shift);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc[s][h], acc[r][h]);
+                }
             }
         }
     }
-    free(xq), free(row_scale), free(group_sum);
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
+}
+#endif
+
+#define ROWS_CASE(R, BLOCK, SUMS)                                                               \
+    case R:                                                                                     \
+        BLOCK(blocks, groups, xq + r0 * k, sums + r0 * (SUMS), row_scale + r0, k, R, y + r0 * ldy + c * CHANNELS, \
+              ldy);                                                                             \
+        break;
+
+/* x [m, k] float32 times `bits`-bit weights (4 or 6) [n, k] into y [m, ldy] columns
+   0..n-1; k a multiple of 32, n of 16. Returns 0, or -1 when out of memory. */
+static int gemm(int bits, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+                int64_t ldy, int threads) {
+    int64_t groups = k / GROUP, width = bits == 6 ? 16 : GROUP, per_row = k / width;
+    int64_t block_bytes = bits == 6 ? Q6_BLOCK_BYTES : BLOCK_BYTES;
+    int8_t *xq = (int8_t *)malloc((size_t)(m * k));
+    float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
+    float *sums = (float *)malloc(sizeof(float) * (size_t)(m * per_row));
+    if (!xq || !row_scale || !sums) {
+        free(xq), free(row_scale), free(sums);
+        return -1;
+    }
+    quantize_rows(x, m, k, xq, row_scale, sums, width);
+    int64_t columns = n / CHANNELS;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < columns; c++) {
+        const uint8_t *blocks = weights + c * groups * block_bytes;
+        for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+            int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
+            if (bits == 6) {
+                switch (rows) {
+                    ROWS_CASE(1, channel_block6, per_row) ROWS_CASE(2, channel_block6, per_row)
+                    ROWS_CASE(3, channel_block6, per_row) ROWS_CASE(4, channel_block6, per_row)
+                    ROWS_CASE(5, channel_block6, per_row) ROWS_CASE(6, channel_block6, per_row)
+                    ROWS_CASE(7, channel_block6, per_row) ROWS_CASE(8, channel_block6, per_row)
+                }
+            } else {
+                switch (rows) {
+                    ROWS_CASE(1, channel_block, per_row) ROWS_CASE(2, channel_block, per_row)
+                    ROWS_CASE(3, channel_block, per_row) ROWS_CASE(4, channel_block, per_row)
+                    ROWS_CASE(5, channel_block, per_row) ROWS_CASE(6, channel_block, per_row)
+                    ROWS_CASE(7, channel_block, per_row) ROWS_CASE(8, channel_block, per_row)
+                }
+            }
+        }
+    }
+    free(xq), free(row_scale), free(sums);
     return 0;
+}
+
+int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+            int threads) {
+    return gemm(4, x, m, k, weights, n, y, ldy, threads);
+}
+
+int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+            int threads) {
+    return gemm(6, x, m, k, weights, n, y, ldy, threads);
 }

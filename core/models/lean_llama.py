@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
-from .int4 import DecoderStack, Int4Linear, q4_mm
+from .int4 import DecoderStack, Int4Linear, q4_mm, runs_in_stack
 from .int4 import fit as int4_fit
 from .int4 import join as int4_join
 from .int4 import pack as pack_int4
@@ -38,6 +38,9 @@ from .quantize import int8_mm, pack_int8
 ARCHITECTURES = ("llama", "qwen2")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _KV_GROWTH = 256  # tokens the KV buffer grows by at least (it doubles up to max_len)
+# Rows per decoder-stack call: a long prompt goes in chunks, so the kernel's
+# buffers stay a few tens of MB (rows are independent: the same results).
+_STACK_ROWS = 256
 
 Projection = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
@@ -88,6 +91,11 @@ class DraftLinear:
             self.low_rank = (torch.cat([a for a, _ in low_rank]).half().contiguous(),
                              torch.cat([b for _, b in low_rank]).T.half().contiguous(), ends)
 
+    @property
+    def kernel_weights(self) -> tuple[torch.Tensor, int] | None:
+        """(packed weights, 4) for DecoderStack; None: not 4-bit."""
+        return None if self.packed4 is None else (self.packed4, 4)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed4 is not None:
             y = q4_mm(x, self.packed4, self.out_features).to(x.dtype)
@@ -107,7 +115,8 @@ class DraftLinear:
 
 class _Joined:
     """Several of the model's own projections of one input, side by side (the
-    target's q/k/v and gate/up, kept as the model holds them)."""
+    target's q/k/v and gate/up, kept as the model holds them): the decoder stack
+    runs them as parts."""
 
     def __init__(self, *parts: Projection):
         self.parts = parts
@@ -188,11 +197,18 @@ class LeanLlama:
         return module
 
     def _joined(self, *modules) -> Projection:
-        """The model's projections of one input side by side: one 4-bit product when
-        all are 4-bit (int4.join, sharing their weights), else each called as it is."""
-        if all(isinstance(m, Int4Linear) for m in modules) and self.dtype == torch.float32:
-            return int4_join(list(modules))
-        return _Joined(*(self._own(m) for m in modules))
+        """The model's projections of one input side by side: each run of 4-bit ones
+        as one product (int4.join, sharing their weights), the others called as
+        they are."""
+        parts: list = []
+        for m in modules:
+            four = isinstance(m, Int4Linear) and m.bits == 4 and self.dtype == torch.float32
+            if four and parts and isinstance(parts[-1], list):
+                parts[-1].append(m)
+            else:
+                parts.append([m] if four else self._own(m))
+        parts = [(int4_join(p) if len(p) > 1 else p[0]) if isinstance(p, list) else p for p in parts]
+        return parts[0] if len(parts) == 1 else _Joined(*parts)
 
     def _w(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(self.dtype).contiguous()
@@ -247,13 +263,17 @@ class LeanLlama:
         return True
 
     def _stack(self) -> DecoderStack | None:
-        """The layers as one kernel call when every projection is 4-bit (the
-        drafter's usual form): ~2.5x faster than the same layers as torch ops."""
-        if self.share or not self.int4 or self.head_dim % 16:
+        """The layers as one kernel call when every projection is 4-bit or 6-bit
+        (the drafter's usual form, and a Q4_K_M target's): ~2.5x faster for the
+        drafter than the same layers as torch ops (docs/speed.md has the target's)."""
+        if self.dtype != torch.float32 or self.head_dim % 16 or int4_unavailable() is not None:
             return None
-        if any(p.packed4 is None for layer in self.layers for p in (layer[1], layer[2], layer[4], layer[5])):
+        layers = [tuple(list(p.parts) if isinstance(p, _Joined) else p for p in layer) for layer in self.layers]
+        if not all(runs_in_stack(layer[i]) for layer in layers for i in (1, 2, 4, 5)):
             return None
-        return DecoderStack(self.layers, self.n_heads, self.n_kv, self.head_dim, self.eps)
+        if any(len(layer[1]) > 3 if isinstance(layer[1], list) else False for layer in layers):
+            return None
+        return DecoderStack(layers, self.n_heads, self.n_kv, self.head_dim, self.eps)
 
     def reset(self) -> None:
         self.length = 0
@@ -311,7 +331,8 @@ class LeanLlama:
         hq, hk, d = self.n_heads, self.n_kv, self.head_dim
         if self.stack is not None:
             x = x.contiguous()
-            self.stack(x, start, self.kv, self.cos, self.sin)
+            for first in range(0, n, _STACK_ROWS):
+                self.stack(x[first : first + _STACK_ROWS], start + first, self.kv, self.cos, self.sin)
             return self._finish(x, end, last)
         mask = None
         if n > 1:  # causal within the new block, everything before it visible; once per query head of a group

@@ -24,7 +24,7 @@ from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
 from .int4 import unavailable as int4_unavailable
-from .quantize import FourBit, q4_k_reader, quantize_int8
+from .quantize import FourBit, k_quant_reader, quantize_int8
 from .target_runtime import TargetRunner
 
 _COMPLETE = converted_cache.MARKER
@@ -120,7 +120,7 @@ def _four_bit(entry: ModelEntry) -> FourBit | None:
     src = source_path(entry)
     if src.suffix.lower() != ".gguf" or int4_unavailable() is not None:
         return None
-    return q4_k_reader(src)
+    return k_quant_reader(src)
 
 
 def load(

@@ -117,9 +117,9 @@ def describe(
 def _runs_as(target: LoadedModel, computes_in: str) -> str:
     if not target.int8:
         return computes_in
-    four = int4_count(target.model)
-    if four:
-        return (f"4-bit weights in {four} layers (as in the file; {int4.kernel_isa()} kernel), "
-                f"int8 in the rest, {computes_in} activations")
+    four, six = int4_count(target.model), int4_count(target.model, bits=6)
+    if four or six:
+        sizes = f"4-bit weights in {four} layers" + (f", 6-bit in {six}" if six else "")
+        return f"{sizes} (as in the file; {int4.kernel_isa()} kernel), int8 in the rest, {computes_in} activations"
     why = int4.unavailable() if target.entry.is_gguf else None
     return f"int8 weights, {computes_in} activations" + (f" ({why})" if why else "")

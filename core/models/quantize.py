@@ -88,14 +88,14 @@ FourBit = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor, torch
 def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> int:
     """Replace the model's large linear layers (its LM head included) in place;
     returns how many were replaced. The float weights are freed as each goes.
-    four_bit(module name, weight): a layer's 4-bit form (int4.Int4Linear), or None
-    for int8 (see q4_k_reader)."""
+    four_bit(module name, weight): a layer's 4-bit or 6-bit form (int4.low_bit), or
+    None for int8 (see k_quant_reader)."""
     replaced = 0
     for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.numel() >= MIN_WEIGHTS:
                 four = four_bit(f"{prefix}.{name}" if prefix else name, child.weight) if four_bit else None
-                setattr(module, name, int4.Int4Linear(child, four) if four else Int8Linear(child))
+                setattr(module, name, int4.low_bit(child, four) if four else Int8Linear(child))
                 replaced += 1
     if getattr(model.config, "tie_word_embeddings", False):
         # The input embeddings keep their float table; the head now has its own int8 copy.
@@ -103,20 +103,23 @@ def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> in
     return replaced
 
 
-def q4_k_reader(gguf: Path) -> FourBit:
-    """The layers of the model loaded from this GGUF file that it stores as Q4_K, in
-    their 4-bit form (None for the others, and for a tensor not stored as the loaded
-    weight: see int4.matches)."""
+def k_quant_reader(gguf: Path) -> FourBit:
+    """The layers of the model loaded from this GGUF file that it stores as Q4_K or
+    Q6_K, in their 4-bit or 6-bit form (None for the others, and for a tensor not
+    stored as the loaded weight: see int4.matches)."""
     tensors = {t.name: t for t in read_header(gguf).tensors}
     with open(gguf, "rb") as f:
         buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def read(module_name: str, weight: torch.Tensor):
         tensor = tensors.get(int4.gguf_name(module_name) or "")
-        if tensor is None or tensor.ggml_type != int4.Q4_K or len(tensor.dims) != 2:
+        if tensor is None or tensor.ggml_type not in (int4.Q4_K, int4.Q6_K) or len(tensor.dims) != 2:
             return None
         k, n = tensor.dims
-        quantized = int4.read_q4_k(buffer, tensor.offset, n, k)
+        if n % int4.CHANNELS:
+            return None
+        decode = int4.read_q6_k if tensor.ggml_type == int4.Q6_K else int4.read_q4_k
+        quantized = decode(buffer, tensor.offset, n, k)
         return quantized if int4.matches(weight, quantized) else None
 
     return read
@@ -147,6 +150,6 @@ def is_quantized(model: torch.nn.Module) -> bool:
     return any(isinstance(m, (Int8Linear, int4.Int4Linear)) for m in model.modules())
 
 
-def int4_count(model: torch.nn.Module) -> int:
-    """How many linear layers hold 4-bit weights."""
-    return sum(isinstance(m, int4.Int4Linear) for m in model.modules())
+def int4_count(model: torch.nn.Module, bits: int = 4) -> int:
+    """How many linear layers hold 4-bit weights (or `bits`: 6)."""
+    return sum(isinstance(m, int4.Int4Linear) and m.bits == bits for m in model.modules())
