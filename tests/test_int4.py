@@ -84,19 +84,28 @@ def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
     assert torch.equal(layer(x[:5]), batched[:5])
 
 
-def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
-    n, k = 32, 512
-    rng = np.random.default_rng(0)
-    blocks = rng.integers(0, 256, size=(n * k // 256, 144), dtype=np.uint8)
-    blocks[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)  # finite d, dmin
-    path = tmp_path / "q4k.gguf"
+def _gguf_of(path, kind: GGMLQuantizationType, block_bytes: int, names: list[str], n=32, k=512, seed=0):
+    """A GGUF file holding one random tensor of this K-quant type under each name;
+    returns what gguf dequantizes it to."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n * k // 256, block_bytes), dtype=np.uint8)
+    if kind == GGMLQuantizationType.Q4_K:
+        blocks[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)  # d, dmin
+    else:
+        blocks[:, 208:210] = np.array([0.001], dtype=np.float16).view(np.uint8)  # d
     writer = GGUFWriter(path, "llama")
-    writer.add_tensor("blk.0.ffn_up.weight", blocks.reshape(n, -1), raw_dtype=GGMLQuantizationType.Q4_K)
+    for name in names:
+        writer.add_tensor(name, blocks.reshape(n, -1), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    want = torch.from_numpy(dequantize(blocks.reshape(n, -1), GGMLQuantizationType.Q4_K).astype(np.float32))
+    return torch.from_numpy(dequantize(blocks.reshape(n, -1), kind).astype(np.float32))
+
+
+def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
+    path = tmp_path / "q4k.gguf"
+    want = _gguf_of(path, GGMLQuantizationType.Q4_K, 144, ["blk.0.ffn_up.weight"])
 
     read = k_quant_reader(path)
     quantized = read("model.layers.0.mlp.up_proj", want.bfloat16())
@@ -112,19 +121,8 @@ def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
 
 
 def test_q6_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
-    n, k = 32, 512
-    rng = np.random.default_rng(1)
-    blocks = rng.integers(0, 256, size=(n * k // 256, 210), dtype=np.uint8)
-    blocks[:, 208:210] = np.array([0.001], dtype=np.float16).view(np.uint8)  # a finite d
     path = tmp_path / "q6k.gguf"
-    writer = GGUFWriter(path, "llama")
-    writer.add_tensor("blk.0.ffn_down.weight", blocks.reshape(n, -1), raw_dtype=GGMLQuantizationType.Q6_K)
-    writer.add_tensor("output.weight", blocks.reshape(n, -1), raw_dtype=GGMLQuantizationType.Q6_K)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    want = torch.from_numpy(dequantize(blocks.reshape(n, -1), GGMLQuantizationType.Q6_K).astype(np.float32))
+    want = _gguf_of(path, GGMLQuantizationType.Q6_K, 210, ["blk.0.ffn_down.weight", "output.weight"], seed=1)
 
     read = k_quant_reader(path)
     for name in ("model.layers.0.mlp.down_proj", "lm_head"):
