@@ -268,10 +268,13 @@ class LeanLlama:
         drafter than the same layers as torch ops (docs/speed.md has the target's)."""
         if self.dtype != torch.float32 or self.head_dim % 16 or int4_unavailable() is not None:
             return None
-        layers = [tuple(list(p.parts) if isinstance(p, _Joined) else p for p in layer) for layer in self.layers]
+        def parts(p) -> list:
+            return list(p.parts) if isinstance(p, _Joined) else [p]
+
+        layers = [(n1, parts(qkv), o, n2, parts(gu), down) for n1, qkv, o, n2, gu, down in self.layers]
+        if any(len(layer[1]) > 3 or len(layer[4]) > 2 for layer in layers):
+            return None  # more parts than the kernel's layer struct holds
         if not all(runs_in_stack(layer[i]) for layer in layers for i in (1, 2, 4, 5)):
-            return None
-        if any(len(layer[1]) > 3 if isinstance(layer[1], list) else False for layer in layers):
             return None
         return DecoderStack(layers, self.n_heads, self.n_kv, self.head_dim, self.eps)
 
