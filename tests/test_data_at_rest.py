@@ -119,7 +119,8 @@ def test_plaintext_state_from_an_older_version_is_migrated(home, target_dir):
 
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["old-plaintext", "encrypted"])
-@pytest.mark.parametrize("bad", [[1, 2], {"entries": 5}, {"entries": [[1, 2]]}, {"entries": [[["a"], [1]]]}])
+@pytest.mark.parametrize("bad", [[1, 2], *(pytest.param(bad, marks=pytest.mark.slow) for bad in (
+    {"entries": 5}, {"entries": [[1, 2]]}, {"entries": [[["a"], [1]]]}))])
 def test_a_wrong_shape_ngram_cache_is_set_aside_and_the_target_loads(home, target_dir, bad, encrypted):
     engine = _engine(target_dir)
     for p in LEARN_PROMPTS:

@@ -124,6 +124,7 @@ def _loaded_counts() -> tuple[dict[str, int], list[str]]:
     return counts, warnings
 
 
+@pytest.mark.slow
 def test_random_kills_during_saves_lose_nothing_that_was_saved(home):
     rng = random.Random(14)
     acked: dict[str, int] = {}
@@ -353,7 +354,7 @@ def test_a_damaged_key_file_is_kept_and_a_new_key_made(home):
     assert (paths.data_dir() / "key.corrupt").read_bytes() == b"not a key"
 
 
-@pytest.mark.parametrize("how", ["cut", "flipped"])
+@pytest.mark.parametrize("how", ["cut", pytest.param("flipped", marks=pytest.mark.slow)])
 def test_a_damaged_converted_model_copy_is_rebuilt_and_replies(home, how):
     """Before: a copy cut in half failed at every start and was never rebuilt; one
     with changed bytes loaded and replied with nothing."""

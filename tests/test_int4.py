@@ -161,7 +161,8 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(forma
         assert int4_count(engine.target.model) == 7 * layers + 1  # the LM head too
     else:
         assert int4_count(engine.target.model, bits=6) == 2 * layers + 1
-        assert f"6-bit in {2 * layers + 1}" in engine.describe_target().runs_as
+        runs_as = engine.describe_target().runs_as
+        assert f"6-bit in {2 * layers + 1}" in runs_as and "int8" not in runs_as  # no layer left in int8
     assert engine.target.runner.kind == "lean" and engine.target.runner.net.stack is not None
     assert "4-bit weights" in engine.describe_target().runs_as
     cfg = GenerationConfig(max_new_tokens=32)

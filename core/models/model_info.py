@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from . import int4
 from .gguf_header import read_header
-from .quantize import int4_count, parameter_count
+from .quantize import Int8Linear, int4_count, parameter_count
 
 if TYPE_CHECKING:
     from ..decoding.vocab_bridge import VocabBridge
@@ -120,6 +120,7 @@ def _runs_as(target: LoadedModel, computes_in: str) -> str:
     four, six = int4_count(target.model), int4_count(target.model, bits=6)
     if four or six:
         sizes = f"4-bit weights in {four} layers" + (f", 6-bit in {six}" if six else "")
-        return f"{sizes} (as in the file; {int4.kernel_isa()} kernel), int8 in the rest, {computes_in} activations"
+        rest = ", int8 in the rest" if any(isinstance(m, Int8Linear) for m in target.model.modules()) else ""
+        return f"{sizes} (as in the file; {int4.kernel_isa()} kernel){rest}, {computes_in} activations"
     why = int4.unavailable() if target.entry.is_gguf else None
     return f"int8 weights, {computes_in} activations" + (f" ({why})" if why else "")
