@@ -65,20 +65,26 @@ static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, floa
 
 /* One block column of 16 channels for `rows` (1..8, a constant once inlined) rows. */
 #ifdef __AVX512VNNI__
+/* A block's nibbles as 8 registers of unsigned bytes: inputs 4t.. (t < 4, low
+   nibbles) and 16 + 4(t - 4).. (high nibbles), 16 channels each. */
+static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m512i w[8]) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int t = 0; t < 4; t++) {
+        __m512i v = _mm512_loadu_si512((const void *)(b + 64 * t));
+        w[t] = _mm512_and_si512(v, low);
+        w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+}
+
 static inline __attribute__((always_inline)) void channel_block(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
     int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0F);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * BLOCK_BYTES;
         __m512i w[8];
-        for (int t = 0; t < 4; t++) {
-            __m512i v = _mm512_loadu_si512((const void *)(b + 64 * t));
-            w[t] = _mm512_and_si512(v, low);
-            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
+        nibbles(b, w);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
         __m512 z = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 288)));
         for (int r = 0; r < rows; r++) {
@@ -100,15 +106,11 @@ static inline __attribute__((always_inline)) void channel_block6(
     int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
+    const __m512i pair = _mm512_set1_epi8(0x30);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
         __m512i w[8];
-        for (int t = 0; t < 4; t++) {
-            __m512i v = _mm512_loadu_si512((const void *)(b + 64 * t));
-            w[t] = _mm512_and_si512(v, low);
-            w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
+        nibbles(b, w);
         __m512 sc[2];
         for (int s = 0; s < 2; s++) {
             __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
@@ -133,6 +135,16 @@ static inline __attribute__((always_inline)) void channel_block6(
 }
 
 #else
+/* Half h's nibbles (8 channels, from b + 32h) as 8 registers, as above. */
+static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m256i w[8]) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int t = 0; t < 4; t++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(b + 64 * t));
+        w[t] = _mm256_and_si256(v, low);
+        w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+}
+
 /* The same with AVX2 (no VNNI): each half of a block's 64 bytes holds 8 channels'
    4 inputs; VPMADDUBSW multiplies the unsigned nibbles by the int8 inputs and adds
    pairs into int16, which sum over the group's 8 steps without overflow
@@ -143,16 +155,11 @@ static inline __attribute__((always_inline)) void channel_block(
     int64_t k, int rows, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * BLOCK_BYTES;
         __m256i w[2][8]; /* [half: channels 8h..8h+7][inputs 4t..4t+3] */
-        for (int h = 0; h < 2; h++)
-            for (int t = 0; t < 4; t++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h));
-                w[h][t] = _mm256_and_si256(v, low);
-                w[h][t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            }
+        for (int h = 0; h < 2; h++) nibbles(b + 32 * h, w[h]);
         __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256)));
         __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 272)));
         __m256 z0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 288)));
@@ -183,17 +190,13 @@ static inline __attribute__((always_inline)) void channel_block6(
     int64_t k, int rows, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
         __m256i w[2][8];
         __m256 sc[2][2];
         for (int h = 0; h < 2; h++) {
-            for (int t = 0; t < 4; t++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h));
-                w[h][t] = _mm256_and_si256(v, low);
-                w[h][t + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            }
+            nibbles(b + 32 * h, w[h]);
             for (int s = 0; s < 2; s++) {
                 __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 256 + 32 * (2 * s + h)));
                 __m256i *ws = w[h] + 4 * s;
