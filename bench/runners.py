@@ -125,12 +125,38 @@ def trim(ids: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
     return ids[:max_new_tokens]
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def keep_shared_context(engine: EngineAPI, previous: str | None, prompt: str, chat: bool) -> None:
+    """The caches a user's app holds when this prompt follows the previous one: the
+    target's and the drafter's keep only the two prompts' shared beginning (the chat
+    template's system turn), as llama.cpp's own cache does between its prompts. So no
+    method reuses another method's read of this same prompt."""
+    caches = []
+    if (target := getattr(engine, "target", None)) is not None and target.runner.net is not None:
+        caches.append((target.tokenizer, target.runner.net))
+    if (drafter := getattr(engine, "drafter", None)) is not None:
+        caches.append((drafter.tokenizer, drafter.net))
+    for tokenizer, net in caches:
+        keep = 0
+        if previous is not None:
+            keep = shared_prefix(prompt_ids(tokenizer, previous, chat), prompt_ids(tokenizer, prompt, chat))
+        net.rollback(keep)
+
+
 def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> Runner:
+    previous: list[str] = []  # the prompt this method ran last
+
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        if speculative and (drafter := getattr(engine, "drafter", None)) is not None:
-            # Every method reads the prompt afresh: the drafter keeps the context it
-            # read last, so the method run before would otherwise read it for this one.
-            drafter.forget_context()
+        keep_shared_context(engine, previous[-1] if previous else None, prompt, chat)
+        previous[:] = [prompt]
         if chat:
             events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
         else:

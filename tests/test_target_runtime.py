@@ -101,3 +101,27 @@ def test_a_target_with_some_layers_too_small_for_int8_runs_lean():
     assert lean.kind == "lean"
     ids = IDS[:12]
     assert torch.equal(lean.session().forward(ids).argmax(-1), reference.session().forward(ids).float().argmax(-1))
+
+
+def test_a_session_reads_only_past_the_prefix_the_last_one_left(int8_qwen2):
+    """The chat template's system turn, a conversation's earlier turns: a new
+    reply's prompt runs only past what the previous reply left in the cache, and
+    gets the logits a fresh runner computes for the whole prompt."""
+    runner = TargetRunner(int8_qwen2)
+    first = runner.session()
+    first.forward(IDS[:20], last=1)
+    first.forward(IDS[20:25])
+    first.crop(3)  # a verification that kept 2 of its 5 rows: the cache holds IDS[:22]
+    prompt = IDS[:24] + IDS[30:36]
+    second = runner.session()
+    got = second.forward(prompt, last=1)
+    assert second.reused == 22  # not the two cropped tokens, though the prompt has them
+    fresh = TargetRunner(int8_qwen2).session().forward(prompt, last=1)
+    assert torch.equal(got.argmax(-1), fresh.argmax(-1))
+    torch.testing.assert_close(got, fresh, atol=1e-4, rtol=1e-4)
+    again = runner.session()
+    torch.testing.assert_close(again.forward(prompt, last=1), fresh, atol=1e-4, rtol=1e-4)
+    assert again.reused == len(prompt) - 1  # the last token still runs: its logits pick the reply
+    # A forward that wants every row's logits computes every row.
+    every = runner.session()
+    assert every.forward(prompt).shape == (len(prompt), VOCAB) and every.reused == 0

@@ -70,7 +70,6 @@ class Drafter:
             loaded.model, num_layers=self.settings.num_layers, max_len=max_len, int8=self.settings.int8,
             int4=self.settings.int4,
         )
-        self.cached: list[int] = []  # ids whose keys/values the net holds
         self.context: list[int] = []  # prefix + reply tokens (the accepted text)
         self.prefix: list[int] = []
         self.reply_text = ""
@@ -113,7 +112,7 @@ class Drafter:
     def forget_context(self) -> None:
         """An empty context: nothing cached, nothing to draft from until the next sync."""
         self.net.reset()
-        self.cached, self.context, self._logits = [], [], None
+        self.context, self._logits = [], None
 
     # --------------------------------------------------------------- context
     def fit_prefix(self, prefix_ids: list[int], reply_room: int) -> list[int]:
@@ -165,24 +164,17 @@ class Drafter:
         self._set_context(self.prefix + self.reply_ids)
 
     def _set_context(self, ids: list[int]) -> None:
-        if len(ids) > self.max_len:
-            # The reply outgrew the drafter's context: no drafts from here on, each
-            # step verifies only the target's own token (a slower reply, not an error).
+        if not ids or len(ids) > self.max_len:
+            # Past max_len the reply outgrew the drafter's context: no drafts from here
+            # on, each step verifies only the target's own token (a slower reply, not
+            # an error).
             self.forget_context()
             return
-        common = 0
-        limit = min(len(ids), len(self.cached))
-        while common < limit and ids[common] == self.cached[common]:
-            common += 1
-        if common == len(ids):  # nothing new: recompute the last position's logits
-            common -= 1
-        if common < 0:
-            self.forget_context()
-            return
-        self.net.rollback(common)
-        logits, hidden = self.net.forward(ids[common:])
+        # Keep what the net already holds of ids (the last position is rerun for its
+        # logits when nothing else is new); only the last row needs the LM head.
+        common = self.net.reuse(ids)
+        logits, hidden = self.net.forward(ids[common:], last=1)
         self._logits, self._hidden = logits[-1], hidden[-1]
-        self.cached = list(ids)
         self.context = list(ids)
 
     # --------------------------------------------------------------- drafting
@@ -230,7 +222,6 @@ class Drafter:
             logits, hidden = (x[-1] for x in self.net.forward([tok]))
             out.forwards += 1
             out.forward_seconds += time.perf_counter() - start
-            self.cached.append(tok)
         return out
 
     def _stop(self, p: float, all_accepted: float, price: float | None) -> bool:

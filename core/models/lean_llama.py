@@ -6,7 +6,7 @@ overhead: SmolLM2-135M costs ~67 ms for one token there, and the int8
 Qwen2.5-Coder-1.5B target spends ~15 ms of an ~86 ms step outside its matrix
 products. Here each layer is a handful of large ops (one attention call, fused
 RMSNorm), the KV cache is one buffer grown on demand, and rolling back rejected
-tokens just moves a length pointer.
+tokens just shortens the list of tokens it holds.
 
 Two ways to hold the weights:
 * the drafter's (LeanLlama(...)): fused QKV and gate/up projections copied from
@@ -180,7 +180,7 @@ class LeanLlama:
         self.max_len = max_len
         self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.dtype)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
-        self.length = 0
+        self.ids: list[int] = []  # the tokens whose keys/values the buffer holds, in order
 
     @classmethod
     def sharing(cls, hf_model, max_len: int, dtype: torch.dtype = torch.float32) -> LeanLlama:
@@ -259,7 +259,7 @@ class LeanLlama:
             layers.append(self._layer(i, adapter or {}))
         self.layers = layers
         self.stack = self._stack()
-        self.length = 0
+        self.reset()
         return True
 
     def _stack(self) -> DecoderStack | None:
@@ -278,12 +278,29 @@ class LeanLlama:
             return None
         return DecoderStack(layers, self.n_heads, self.n_kv, self.head_dim, self.eps)
 
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
     def reset(self) -> None:
-        self.length = 0
+        self.ids.clear()
 
     def rollback(self, length: int) -> None:
         """Forget everything after the first `length` positions."""
-        self.length = min(self.length, length)
+        del self.ids[max(0, length):]
+
+    def reuse(self, ids: list[int], compute: int = 1) -> int:
+        """Keep the longest prefix of ids the buffer already holds (a previous
+        reply's prompt, a conversation's earlier turns), leaving at least the last
+        `compute` ids to be run; forget the rest. Returns how many ids are kept.
+        Rows are computed independently of the rows beside them, so a kept prefix
+        has the keys/values recomputing it would give."""
+        limit = min(len(self.ids), len(ids) - compute)
+        common = 0
+        while common < limit and self.ids[common] == ids[common]:
+            common += 1
+        self.rollback(common)
+        return common
 
     def _reserve(self, end: int) -> None:
         """Room in the KV buffer and the RoPE tables for `end` positions: they grow
@@ -327,6 +344,7 @@ class LeanLlama:
         of only the last `last` ones (a prompt needs one row of a 152k-word head)."""
         ids = torch.as_tensor(ids, dtype=torch.long).view(-1)
         n, start = ids.numel(), self.length
+        new = ids.tolist()
         end = start + n
         self._reserve(end)
         x = self.embed(ids).to(self.dtype)
@@ -336,7 +354,7 @@ class LeanLlama:
             x = x.contiguous()
             for first in range(0, n, _STACK_ROWS):
                 self.stack(x[first : first + _STACK_ROWS], start + first, self.kv, self.cos, self.sin)
-            return self._finish(x, end, last)
+            return self._finish(x, new, last)
         mask = None
         if n > 1:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
@@ -353,10 +371,10 @@ class LeanLlama:
             x = x + o_proj(att.transpose(0, 1).reshape(n, hq * d))
             gate, up = gate_up_proj(self._norm(x, ln2)).chunk(2, dim=-1)
             x = x + down_proj(F.silu(gate) * up)
-        return self._finish(x, end, last)
+        return self._finish(x, new, last)
 
-    def _finish(self, x: torch.Tensor, end: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.length = end
+    def _finish(self, x: torch.Tensor, new: list[int], last: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.ids += new
         if last:
             x = x[-last:]
         h = self._norm(x, self.final_norm)

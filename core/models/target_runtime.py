@@ -52,13 +52,24 @@ class TransformersSession:
 
 class LeanSession:
     """The target through LeanLlama; one session at a time per runner (they share
-    its KV buffer)."""
+    its KV buffer). A session starts from what the previous one left in the
+    buffer: its first forward runs only the ids past the prefix they share (the
+    chat template's system turn, a conversation's earlier turns), as llama.cpp
+    reuses its cache between prompts."""
 
     def __init__(self, net: LeanLlama):
         self.net = net
-        net.reset()
+        self.started = False
+        self.reused = 0  # prompt tokens whose keys/values came from the previous session
 
     def forward(self, ids: list[int], last: int = 0) -> torch.Tensor:
+        if not self.started:
+            self.started = True
+            if last:  # rows of a kept prefix are not recomputed: only a forward for its last rows keeps one
+                self.reused = self.net.reuse(ids, last)
+                ids = ids[self.reused:]
+            else:
+                self.net.reset()
         return self.net.forward(ids, last)[0]
 
     def crop(self, drop: int) -> None:
