@@ -484,10 +484,19 @@ class Engine:
         # warm). Under 8 tokens, _after_turn leaves this turn out of the baseline.
         for _ in self.complete(BASELINE_PROMPT, GenerationConfig(max_new_tokens=4), should_stop):
             pass
+        self.forget_context()  # timed with its prompt read, as a reply's is
         cfg = GenerationConfig(max_new_tokens=BASELINE_TOKENS)
         for _ in self.complete(BASELINE_PROMPT, cfg, should_stop):
             pass  # _after_turn folds the finished turn into the baseline
         return self.baseline_tokens_per_s
+
+    def forget_context(self) -> None:
+        """Nothing kept from earlier replies: the next prompt is read from its start
+        (by default a reply reads only past what it shares with the previous one)."""
+        if self.target is not None:
+            self.target.runner.forget()
+        if self.drafter is not None:
+            self.drafter.forget_context()
 
     def reset_personalization(self, model_id: str) -> None:
         """Forget what was learned for one target: its n-gram cache (and adapter and

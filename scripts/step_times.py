@@ -110,8 +110,7 @@ def llamacpp_ms(gguf: str, context: list[int], reps: int) -> tuple[dict[int, flo
 
 def prefill_ms(runner: TargetRunner, context: list[int]) -> float:
     runner.session().forward(context[:16], last=1)  # warm
-    if runner.net is not None:
-        runner.net.reset()  # nothing of the prompt kept from the warm-up
+    runner.forget()  # nothing of the prompt kept from the warm-up
     start = time.perf_counter()
     runner.session().forward(context, last=1)
     return round(1000 * (time.perf_counter() - start) / len(context), 2)

@@ -28,22 +28,14 @@ from omnidraft.core.events import TokenChunk, TurnFinished
 from omnidraft.core.models.catalog import ModelCatalog
 
 
-def forget(engine: Engine) -> None:
-    """No cache left from the last turn: the next prompt is read from its start."""
-    if engine.target.runner.net is not None:
-        engine.target.runner.net.reset()
-    if engine.drafter is not None:
-        engine.drafter.forget_context()
-
-
 def conversation(engine: Engine, prompts: list[str], cfg: GenerationConfig, kept: bool) -> list[dict]:
-    forget(engine)
+    engine.forget_context()
     messages: list[dict] = []
     turns = []
     for prompt in prompts:
         messages.append({"role": "user", "content": prompt})
         if not kept:
-            forget(engine)
+            engine.forget_context()
         tokens = len(engine.encode(messages).ids)
         start = time.perf_counter()
         first = None

@@ -49,8 +49,7 @@ def test_each_turn_reads_only_the_new_messages_and_replies_as_a_fresh_engine(eng
     messages = [{"role": "user", "content": "def add(a, b):"}]
     previous: list[int] = []  # the last turn's prompt
     for turn in range(3):
-        fresh.target.runner.net.reset()
-        fresh.drafter.forget_context()
+        fresh.forget_context()
         expected = reply(fresh, messages, speculative)
         assert reply(reusing, messages, speculative) == expected
         read, prompt = sessions[-1], reusing.encode(messages).ids

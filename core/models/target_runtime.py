@@ -92,5 +92,10 @@ class TargetRunner:
     def kind(self) -> str:
         return "lean" if self.net is not None else "transformers"
 
+    def forget(self) -> None:
+        """Keep nothing for the next session: it reads its prompt from the start."""
+        if self.net is not None:
+            self.net.reset()
+
     def session(self) -> TargetSession:
         return LeanSession(self.net) if self.net is not None else TransformersSession(self.model)
