@@ -125,37 +125,30 @@ def trim(ids: list[int], stops: set[int], max_new_tokens: int) -> list[int]:
     return ids[:max_new_tokens]
 
 
-def shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def keep_shared_context(engine: EngineAPI, previous: str | None, prompt: str, chat: bool) -> None:
-    """The caches a user's app holds when this prompt follows the previous one: the
-    target's and the drafter's keep only the two prompts' shared beginning (the chat
-    template's system turn), as llama.cpp's own cache does between its prompts. So no
-    method reuses another method's read of this same prompt."""
+def keep_shared_context(engine: EngineAPI, previous: str | None, chat: bool) -> None:
+    """The caches a user's app holds when the next prompt follows the previous one:
+    the target's and the drafter's keep only what the two prompts share at the start
+    (the chat template's system turn), as llama.cpp's own cache does between its
+    prompts. So no method reuses another method's read of the same prompt. Whichever
+    of the two a cache last read, it keeps here what it shares with the previous
+    prompt, and the next prefill what of that the next prompt shares."""
     caches = []
     if (target := getattr(engine, "target", None)) is not None and target.runner.net is not None:
         caches.append((target.tokenizer, target.runner.net))
     if (drafter := getattr(engine, "drafter", None)) is not None:
         caches.append((drafter.tokenizer, drafter.net))
     for tokenizer, net in caches:
-        keep = 0
-        if previous is not None:
-            keep = shared_prefix(prompt_ids(tokenizer, previous, chat), prompt_ids(tokenizer, prompt, chat))
-        net.rollback(keep)
+        if previous is None:
+            net.reset()
+        else:
+            net.reuse(prompt_ids(tokenizer, previous, chat), compute=0)
 
 
 def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> Runner:
     previous: list[str] = []  # the prompt this method ran last
 
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        keep_shared_context(engine, previous[-1] if previous else None, prompt, chat)
+        keep_shared_context(engine, previous[-1] if previous else None, chat)
         previous[:] = [prompt]
         if chat:
             events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
