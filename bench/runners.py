@@ -133,8 +133,8 @@ def keep_shared_context(engine: EngineAPI, previous: str | None, chat: bool) -> 
     of the two a cache last read, it keeps here what it shares with the previous
     prompt, and the next prefill what of that the next prompt shares."""
     caches = []
-    if (target := getattr(engine, "target", None)) is not None and target.runner.net is not None:
-        caches.append((target.tokenizer, target.runner.net))
+    if (target := getattr(engine, "target", None)) is not None:
+        caches.append((target.tokenizer, target.runner.cache))
     if (drafter := getattr(engine, "drafter", None)) is not None:
         caches.append((drafter.tokenizer, drafter.net))
     for tokenizer, net in caches:

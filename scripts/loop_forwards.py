@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     args = p.parse_args()
     times: list[tuple[int, float]] = []
-    forward = target_runtime.LeanSession.forward
+    forward = target_runtime.Session.forward
 
     def timed(self, ids, last=0):
         start = time.perf_counter()
@@ -40,7 +40,7 @@ def main() -> None:
         times.append((len(ids), time.perf_counter() - start))
         return logits
 
-    target_runtime.LeanSession.forward = timed
+    target_runtime.Session.forward = timed
     engine = Engine(ModelCatalog(), learn_settings=LearnSettings(enabled=False))
     engine.load_target(args.target, measure_baseline=False)
     lines = args.prompts.read_text().splitlines()

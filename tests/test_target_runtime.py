@@ -125,3 +125,31 @@ def test_a_session_reads_only_past_the_prefix_the_last_one_left(int8_qwen2):
     # A forward that wants every row's logits computes every row.
     every = runner.session()
     assert every.forward(prompt).shape == (len(prompt), VOCAB) and every.reused == 0
+
+
+def test_a_transformers_target_reuses_its_cache_past_the_sliding_window_too():
+    """Gemma 3 runs on transformers' forward: a new reply's prompt also runs only
+    past what the previous reply left, with a conversation longer than the
+    sliding window (64 positions here), and gets a fresh runner's logits."""
+    model = tiny_gemma3(VOCAB, seed=2)
+    long = torch.randint(0, VOCAB, (120,), generator=torch.Generator().manual_seed(5)).tolist()
+    runner = TargetRunner(model)
+    assert runner.kind == "transformers"
+    first = runner.session()
+    first.forward(long[:90], last=1)
+    first.forward(long[90:95])
+    first.crop(3)  # the cache holds long[:92]
+    prompt = long[:94] + long[100:110]
+    second = runner.session()
+    got = second.forward(prompt, last=1)
+    assert second.reused == 92
+    fresh = TargetRunner(model).session().forward(prompt, last=1)
+    torch.testing.assert_close(got, fresh, atol=1e-4, rtol=1e-4)
+    # A prompt that leaves the conversation early keeps only what it shares.
+    third = runner.session()
+    torch.testing.assert_close(third.forward(long[:70] + long[5:9], last=1),
+                               TargetRunner(model).session().forward(long[:70] + long[5:9], last=1),
+                               atol=1e-4, rtol=1e-4)
+    assert third.reused == 70
+    runner.forget()
+    assert runner.session().forward(prompt, last=1).shape == (1, VOCAB) and runner.cache.length == len(prompt)

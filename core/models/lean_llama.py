@@ -295,10 +295,7 @@ class LeanLlama:
         `compute` ids to be run; forget the rest. Returns how many ids are kept.
         Rows are computed independently of the rows beside them, so a kept prefix
         has the keys/values recomputing it would give."""
-        limit = min(len(self.ids), len(ids) - compute)
-        common = 0
-        while common < limit and self.ids[common] == ids[common]:
-            common += 1
+        common = common_prefix(self.ids, ids, len(ids) - compute)
         self.rollback(common)
         return common
 
@@ -379,6 +376,15 @@ class LeanLlama:
             x = x[-last:]
         h = self._norm(x, self.final_norm)
         return self.head(h), h
+
+
+def common_prefix(held: list[int], ids: list[int], limit: int) -> int:
+    """How many leading ids a cache holding `held` already has, at most limit."""
+    limit = min(len(held), limit)
+    common = 0
+    while common < limit and held[common] == ids[common]:
+        common += 1
+    return common
 
 
 def _rope_tables(inner, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""How the decode loops run a target: one KV cache per reply (a session) that
-appends tokens and forgets rejected ones.
+"""How the decode loops run a target: a KV cache per runner that a reply (a
+session) appends tokens to and forgets rejected ones from, and that the next
+reply reuses as far as its prompt shares what the cache holds.
 
 Llama and Qwen2 targets run on core/models/lean_llama.py over the model's own
 (int8) linear layers: the same weights and products as transformers' forward,
@@ -7,7 +8,7 @@ without its per-layer Python (docs/speed.md has the measured step times), with
 activations and the KV cache in float32, so a verified token's logits do not
 depend on how many tokens were verified beside it. Any other architecture
 (Gemma 3's sliding windows, a user's model) runs on transformers' own forward
-and DynamicCache.
+and a DynamicCache (HeldCache).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from .lean_llama import LeanLlama, supports
+from .lean_llama import LeanLlama, common_prefix, supports
 from .quantize import is_quantized
 
 
@@ -30,35 +31,60 @@ class TargetSession(Protocol):
         """Forget the last `drop` tokens appended."""
 
 
-class TransformersSession:
-    """The target through transformers' forward and DynamicCache (any architecture)."""
+class HeldCache:
+    """transformers' forward over a DynamicCache that records the ids it holds: the
+    interface of LeanLlama's KV buffer (reuse, rollback, reset), so one session
+    class serves both runtimes. The cache is built without the model's config, so
+    its layers keep every position (Gemma 3's sliding-window layers included:
+    the attention mask applies the window) and can be rolled back anywhere."""
 
     def __init__(self, model):
         self.model = model
+        self.reset()
+
+    def reset(self) -> None:
         self.cache = DynamicCache()
-        self.cache.activate_past_recording()  # lets sliding-window layers roll back too
+        self.ids: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+    def rollback(self, length: int) -> None:
+        drop = len(self.ids) - max(0, length)
+        if drop > 0:
+            self.cache.crop(-drop)
+            del self.ids[len(self.ids) - drop:]
+
+    def reuse(self, ids: list[int], compute: int = 1) -> int:
+        """As LeanLlama.reuse: keep the longest prefix of ids the cache holds."""
+        common = common_prefix(self.ids, ids, len(ids) - compute)
+        self.rollback(common)
+        return common
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], last: int = 0) -> torch.Tensor:
+    def forward(self, ids: list[int], last: int = 0) -> tuple[torch.Tensor, None]:
         # logits_to_keep: Gemma's 262k-word head over every prompt position would
         # cost more than the rest of the model.
         x = torch.as_tensor(ids, dtype=torch.long).view(1, -1)
-        return self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=last).logits[0]
+        try:
+            logits = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=last).logits[0]
+        except BaseException:
+            self.reset()  # layers cached part of a failed forward: nothing in it can be reused
+            raise
+        self.ids += x[0].tolist()
+        return logits, None
 
-    def crop(self, drop: int) -> None:
-        if drop:
-            self.cache.crop(-drop)
 
-
-class LeanSession:
-    """The target through LeanLlama; one session at a time per runner (they share
-    its KV buffer). A session starts from what the previous one left in the
-    buffer: its first forward runs only the ids past the prefix they share (the
+class Session:
+    """One reply's view of a runner's cache (LeanLlama's buffer or a HeldCache);
+    one session at a time per runner. A session starts from what the previous one
+    left: its first forward runs only the ids past the prefix they share (the
     chat template's system turn, a conversation's earlier turns), as llama.cpp
     reuses its cache between prompts."""
 
-    def __init__(self, net: LeanLlama):
-        self.net = net
+    def __init__(self, cache: LeanLlama | HeldCache):
+        self.cache = cache
         self.started = False
         self.reused = 0  # prompt tokens whose keys/values came from the previous session
 
@@ -66,14 +92,14 @@ class LeanSession:
         if not self.started:
             self.started = True
             if last:  # rows of a kept prefix are not recomputed: only a forward for its last rows keeps one
-                self.reused = self.net.reuse(ids, last)
+                self.reused = self.cache.reuse(ids, last)
                 ids = ids[self.reused:]
             else:
-                self.net.reset()
-        return self.net.forward(ids, last)[0]
+                self.cache.reset()
+        return self.cache.forward(ids, last)[0]
 
     def crop(self, drop: int) -> None:
-        self.net.rollback(self.net.length - drop)
+        self.cache.rollback(self.cache.length - drop)
 
 
 class TargetRunner:
@@ -87,6 +113,8 @@ class TargetRunner:
             dtype = torch.float32 if is_quantized(model) else next(model.parameters()).dtype
             window = getattr(model.config, "max_position_embeddings", None) or 32768
             self.net = LeanLlama.sharing(model, max_len=window, dtype=dtype)
+        # What a reply leaves for the next one to reuse: the lean buffer, or transformers' cache.
+        self.cache: LeanLlama | HeldCache = self.net if self.net is not None else HeldCache(model)
 
     @property
     def kind(self) -> str:
@@ -94,8 +122,7 @@ class TargetRunner:
 
     def forget(self) -> None:
         """Keep nothing for the next session: it reads its prompt from the start."""
-        if self.net is not None:
-            self.net.reset()
+        self.cache.reset()
 
     def session(self) -> TargetSession:
-        return LeanSession(self.net) if self.net is not None else TransformersSession(self.model)
+        return Session(self.cache)
