@@ -23,7 +23,7 @@ from .decoding.vocab_bridge import NgramCache, VocabBridge
 from .events import TokenChunk, TurnFinished
 from .learning.acceptance_head import AcceptanceHead
 from .learning.adapters import AdapterStore
-from .learning.learner import Learner, LearningStatus
+from .learning.learner import Learner, LearningStatus, training_dtype
 from .learning.replay_buffer import ReplayBuffer, Sample
 from .models.catalog import SMOLLM2_ID, ModelCatalog, ModelEntry, ModelError
 from .models.chat_format import encode_chat, stop_token_ids
@@ -176,9 +176,9 @@ class Engine:
             return
         progress("Loading the drafter", 0.97)
         entry = self.catalog.get(self.drafter_id)
-        # The drafter always runs bf16 with int8 weights (its lean path), whatever
-        # the target's dtype: its numbers never mix with the target's.
-        self.drafter_model = load(entry, torch.bfloat16)
+        # Drafting runs the drafter's own 4-bit (or int8) copy, whatever the target's
+        # dtype; this HF copy is what learning trains, in the dtype this CPU trains fastest.
+        self.drafter_model = load(entry, training_dtype())
         if self.drafter_model.model.config.model_type != "llama":
             raise ModelError("the drafter must be a Llama-architecture model")
         self.drafter = Drafter(self.drafter_model, self.draft_settings)

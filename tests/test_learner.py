@@ -227,3 +227,12 @@ def test_the_drafter_meets_few_shapes_and_padding_changes_no_loss(parts, monkeyp
     for (loss, stats), (ref, ref_stats) in zip(padded, exact, strict=True):
         assert torch.allclose(loss, ref, atol=1e-5)
         assert stats["n_dm"] == ref_stats["n_dm"] and stats["n_ngram"] == ref_stats["n_ngram"]
+
+
+def test_the_drafter_trains_in_bf16_only_where_the_cpu_multiplies_it_natively():
+    from omnidraft.core.learning.learner import training_dtype
+
+    assert training_dtype(frozenset({"avx2", "fma", "avx512_bf16"})) == torch.bfloat16
+    assert training_dtype(frozenset({"avx2", "amx_bf16"})) == torch.bfloat16
+    assert training_dtype(frozenset({"avx2", "fma", "f16c", "avx512f"})) == torch.float32
+    assert training_dtype(frozenset()) == torch.float32

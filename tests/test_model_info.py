@@ -101,7 +101,7 @@ def test_a_cpu_the_4_bit_kernels_cannot_run_on_is_named_with_the_reason(monkeypa
     from omnidraft.core.models import int4
 
     for flags, isa in ((frozenset({"sse2", "avx"}), None), (frozenset({"avx2", "fma", "f16c"}), "avx2")):
-        monkeypatch.setattr(int4, "_cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(int4, "cpu_flags", lambda flags=flags: flags)
         int4._library.cache_clear()
         try:
             assert int4.runnable_isas() == ([isa] if isa else [])

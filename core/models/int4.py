@@ -68,7 +68,7 @@ class KernelUnavailable(RuntimeError):
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -79,7 +79,7 @@ def _cpu_flags() -> frozenset[str]:
 
 def runnable_isas() -> list[str]:
     """The kernels' instruction sets this CPU runs, best first."""
-    return [name for name, (needs, _) in ISAS.items() if _cpu_flags().issuperset(needs)]
+    return [name for name, (needs, _) in ISAS.items() if cpu_flags().issuperset(needs)]
 
 
 def _best_isa() -> str | None:
