@@ -33,7 +33,10 @@ def describe_stats(stats: dict | None, baseline: float | None = None) -> str:
     """One line of what the engine measured for a reply; empty when nothing was."""
     if not stats or not stats.get("new_tokens"):
         return ""
-    parts = [f"{stats['new_tokens']} tokens", f"{stats.get('tokens_per_s') or 0:.1f} tok/s"]
+    parts = [f"{stats['new_tokens']} tokens"]
+    if stats.get("first_token_seconds"):  # replies saved before it was measured have none
+        parts.append(f"first after {stats['first_token_seconds']:.1f} s")
+    parts.append(f"{stats.get('tokens_per_s') or 0:.1f} tok/s")
     if stats.get("tokens_per_step"):
         parts.append(f"{stats['tokens_per_step']:.2f} tokens/step")
     if stats.get("acceptance_rate") is not None:

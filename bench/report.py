@@ -76,6 +76,21 @@ def ms_per_step(seconds: float, forwards: int, engine: dict | None) -> dict:
     return out
 
 
+def decoding(outputs: list[Output]) -> dict | None:
+    """The engine's decoding proper, past each reply's first token (the prompt's
+    read, which drafting does not touch and which dilutes the wall-clock ratio):
+    tokens after the first per second after it, and the mean time to the first
+    token. None for a method that is not the engine."""
+    stats = [o.stats for o in outputs if o.stats is not None and o.stats.new_tokens]
+    if not stats:
+        return None
+    seconds = sum(s.seconds - s.first_token_seconds for s in stats)
+    tokens = sum(s.new_tokens - 1 for s in stats)
+    return {"tokens_per_s": tokens / seconds if seconds > 0 else None,
+            "speedup": None,  # filled in once target's rate is known
+            "first_token_s": sum(s.first_token_seconds for s in stats) / len(stats)}
+
+
 def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
     new_tokens = sum(len(o.token_ids) for o in m.outputs)
     seconds = sum(o.seconds for o in m.outputs)
@@ -95,6 +110,7 @@ def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
         ),
         "per_prompt_seconds": [o.seconds for o in m.outputs],
         "drafting": drafting_figures(engine, len(m.outputs)),
+        "decoding": decoding(m.outputs),
         "engine": engine,
         "ms_per_step": ms_per_step(seconds, forwards if m.forwards_reliable else 0, engine),
     }
@@ -183,8 +199,11 @@ def build_report(
     base = by_name.get("target")
     summary = {m.name: summarize(m, base, greedy) for m in methods}
     base_rate = summary["target"]["tokens_per_s"] if base else 0.0
+    base_decoding = (summary["target"]["decoding"] or {}).get("tokens_per_s") if base else None
     for s in summary.values():
         s["speedup"] = s["tokens_per_s"] / base_rate if base_rate > 0 else None
+        if s["decoding"] and base_decoding and s["decoding"]["tokens_per_s"]:
+            s["decoding"]["speedup"] = s["decoding"]["tokens_per_s"] / base_decoding
     diverged = {}
     if greedy and base:
         diverged = {
@@ -235,14 +254,16 @@ def format_adapt(adapt: dict) -> str:
         (f"adapt: {adapt['train_prompts']} training prompts served, {adapt['learn_steps']} learner "
         f"steps, {adapt['ngram_cache_entries']} n-gram entries"),
         (f"{'method':<10} {'before tok/s':>13} {'after tok/s':>12} {'before x':>9} {'after x':>8} "
-        f"{'accept before':>14} {'accept after':>13}"),
+        f"{'accept before':>14} {'accept after':>13} {'decoding x before':>18} {'after':>6}"),
     ]
     for name, after in adapt["after"].items():
         b = adapt["before"][name]
         lines.append(
             f"{name:<10} {b['tokens_per_s']:>13.2f} {after['tokens_per_s']:>12.2f} "
             f"{_cell(b['speedup'], '.2f'):>9} {_cell(after['speedup'], '.2f'):>8} "
-            f"{_cell(b['acceptance_rate'], '.3f'):>14} {_cell(after['acceptance_rate'], '.3f'):>13}"
+            f"{_cell(b['acceptance_rate'], '.3f'):>14} {_cell(after['acceptance_rate'], '.3f'):>13} "
+            f"{_cell((b.get('decoding') or {}).get('speedup'), '.2f'):>18} "
+            f"{_cell((after.get('decoding') or {}).get('speedup'), '.2f'):>6}"
         )
     return "\n".join(lines)
 
@@ -261,7 +282,7 @@ def format_table(report: dict) -> str:
     )
     cols = (
         f"{'method':<10} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'tok/step':>9} "
-        f"{'new tok':>8} {'seconds':>8} {'same as target':>15}"
+        f"{'new tok':>8} {'seconds':>8} {'same as target':>15} {'decoding x':>11}"
     )
     lines = [head, cols]
     n = report["prompts"]
@@ -271,7 +292,8 @@ def format_table(report: dict) -> str:
             f"{name:<10} {s['tokens_per_s']:>9.2f} {_cell(s['speedup'], '.2f') + 'x':>8} "
             f"{_cell(s['acceptance_rate'], '.3f'):>7} {_cell(s['tokens_per_step'], '.2f'):>9} "
             f"{s['new_tokens']:>8} {s['seconds']:>8.2f} "
-            f"{'-' if same is None else f'{round(same * n)}/{n}':>15}"
+            f"{'-' if same is None else f'{round(same * n)}/{n}':>15} "
+            f"{_cell((s.get('decoding') or {}).get('speedup'), '.2f') + 'x':>11}"
         )
     for name, found in report["divergences_by_method"].items():
         for d in found:

@@ -27,6 +27,9 @@ class TurnStats:
     lookup_accepted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # From the request to the first reply token picked: the prompt's read (prefill).
+    # The rest of `seconds` is decoding proper, what drafting speeds up.
+    first_token_seconds: float = 0.0
     # Drafter proposals merged from several drafter tokens, or sharing one (n-gram).
     ngram_proposed: int = 0
     ngram_accepted: int = 0

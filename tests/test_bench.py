@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 from omnidraft.bench import cli, runners
-from omnidraft.bench.report import drafting_figures, engine_totals, first_difference
+from omnidraft.bench.report import decoding, drafting_figures, engine_totals, first_difference
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats
@@ -63,6 +63,12 @@ def test_target_and_hf_report(tiny_target, prompts_file, tmp_path, capsys):
         report["methods"]["target"]["engine"]["new_tokens"]
         == report["methods"]["target"]["new_tokens"]
     )
+    # Decoding proper, past each reply's first token, for the engine's methods only.
+    plain = report["methods"]["target"]["decoding"]
+    assert plain["speedup"] == 1.0 and plain["tokens_per_s"] > 0
+    engine_s = report["methods"]["target"]["engine"]["seconds"]
+    assert 0 < plain["first_token_s"] * 2 < engine_s  # two replies, each read its prompt first
+    assert report["methods"]["hf"]["decoding"] is None
 
     # hf decodes the same prompt ids greedily with the same stop ids: identical output.
     target, hf = report["outputs"]["target"], report["outputs"]["hf"]
@@ -250,6 +256,16 @@ def test_state_dir_is_kept_and_reuses_the_cache(home, tmp_path):
         assert paths.data_dir() == state / "data"
         assert paths.cache_dir().resolve() == real_cache.resolve()
     assert (state / "data").is_dir() and paths.data_dir().parent == home
+
+
+def test_decoding_rate_leaves_out_each_replys_first_token_and_its_prompt_read():
+    a = TurnStats(method="target", new_tokens=5, seconds=3.0, first_token_seconds=2.0)
+    b = TurnStats(method="target", new_tokens=3, seconds=2.0, first_token_seconds=1.0)
+    empty = TurnStats(method="target", new_tokens=0, seconds=0.5, first_token_seconds=0.0)
+    outs = [runners.Output([1] * t.new_tokens, t.seconds, 1, t) for t in (a, b, empty)]
+    figures = decoding(outs)
+    assert figures["tokens_per_s"] == (4 + 2) / (1.0 + 1.0) and figures["first_token_s"] == 1.5
+    assert decoding([runners.Output([1], 1.0, 1, None)]) is None
 
 
 def test_engine_totals_add_up_turns():

@@ -144,6 +144,8 @@ def test_chat_round_trip(window, qtbot):
     assert done.baseline_tokens_per_s  # the target's plain speed, measured when it loaded
     assert recorded.speedup == pytest.approx(done.stats.tokens_per_s / done.baseline_tokens_per_s)
     assert "tok/s" in window.statusBar().currentMessage()
+    assert 0 < done.stats.first_token_seconds < done.stats.seconds
+    assert f"first after {done.stats.first_token_seconds:.1f} s" in window.statusBar().currentMessage()
 
 
 def test_stop_mid_reply_keeps_partial_text(window, qtbot):

@@ -97,6 +97,12 @@ class Turn:
         self.gen = cfg.generator()
         self.start = time.perf_counter()
 
+    def push(self, new_ids: list[int], drafted: int = 0) -> list[TokenChunk]:
+        """ReplyStream.push, timing the first token."""
+        if not self.stream.ids and not self.stats.first_token_seconds:
+            self.stats.first_token_seconds = time.perf_counter() - self.start
+        return self.stream.push(new_ids, drafted)
+
     def finished(self) -> TurnFinished:
         stream = self.stream
         self.stats.new_tokens = len(stream.ids)
@@ -117,7 +123,7 @@ def generate_plain(
     logits = session.forward(prompt_ids, last=1)[-1]
     while not should_stop():
         tok = pick(logits, cfg, turn.gen)
-        yield from turn.stream.push([tok])
+        yield from turn.push([tok])
         if turn.stream.reason:
             break
         logits = session.forward([tok])[-1]

@@ -195,7 +195,7 @@ def generate_speculative(
     # starts after one prefill.
     first = decoder.prefill()
     turn.stats.steps += 1
-    yield from turn.stream.push([first])
+    yield from turn.push([first])
     decoder.accept([first])
     if options.use_ngram_cache:
         bridge.learn_text(decoder.context)  # the prompt is accepted text too
@@ -218,7 +218,7 @@ def generate_speculative(
                 policy.record(proposals.source, n + 1, step_s)
 
         new = proposals.tokens[:n] + [token]
-        yield from turn.stream.push(new, drafted=n)
+        yield from turn.push(new, drafted=n)
         decoder.accept(new)
         if turn.stream.reason:
             break
