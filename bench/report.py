@@ -56,6 +56,8 @@ def drafting_figures(engine: dict | None, turns: int) -> dict | None:
         "acceptance_ngram": ratio(e["ngram_accepted"], e["ngram_proposed"]),
         "drafted_tokens_per_step": ratio(e["proposed"], verify_steps),
         "calibration_predicted": ratio(e["chance_sum"], e["chance_checked"]),
+        # ... the head's (or the drafter's confidence) before the online correction
+        "calibration_raw_predicted": ratio(e["chance_raw_sum"], e["chance_checked"]),
         "calibration_observed": ratio(e["chance_accepted"], e["chance_checked"]),
         "calibration_proposals": e["chance_checked"],
     }

@@ -396,4 +396,8 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
         "ngram_cache_entries": len(engine.bridge.cache),
         # What adaptive drafting measured per draft source while serving (tokens/s).
         "draft_sources": engine.draft_policy.summary(),
+        # The rank the drafter streams the adapter at (AdapterStore.low_rank_state),
+        # and the stop rule's online correction (logit bias) where serving left it.
+        "adapter_rank": engine.drafter.adapter_rank,
+        "calibration_bias": engine.draft_policy.calibration.bias,
     }

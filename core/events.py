@@ -35,9 +35,11 @@ class TurnStats:
     ngram_accepted: int = 0
     # Drafter proposals verified with everything before them accepted, the stop
     # rule's predicted chance of acceptance summed over them (the acceptance head's,
-    # or the drafter's confidence), and how many were accepted: its calibration.
+    # or the drafter's confidence; as calibrated online, and before), and how many
+    # were accepted: its calibration.
     chance_checked: int = 0
     chance_sum: float = 0.0
+    chance_raw_sum: float = 0.0
     chance_accepted: int = 0
 
     @property
@@ -52,12 +54,13 @@ class TurnStats:
     def tokens_per_step(self) -> float | None:
         return self.new_tokens / self.steps if self.steps else None
 
-    def add_drafted(self, chances: list[float], merged: list[bool], accepted: int) -> None:
-        """Count one drafter step's proposals (their predicted chances, which were
-        n-gram merges) of which the first `accepted` were accepted."""
+    def add_drafted(self, chances: list[float], raw: list[float], merged: list[bool], accepted: int) -> None:
+        """Count one drafter step's proposals (their predicted chances, calibrated and
+        raw; which were n-gram merges) of which the first `accepted` were accepted."""
         reached = min(len(chances), accepted + 1)  # a proposal after a rejection is never judged
         self.chance_checked += reached
         self.chance_sum += sum(chances[:reached])
+        self.chance_raw_sum += sum(raw[:reached])
         self.chance_accepted += accepted
         self.ngram_proposed += sum(merged)
         self.ngram_accepted += sum(merged[:accepted])

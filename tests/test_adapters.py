@@ -13,6 +13,7 @@ from omnidraft.core.learning.adapters import (
     WEIGHTS_FILE,
     AdapterStore,
     adapter_name,
+    compact_low_rank,
     folder_name,
 )
 from omnidraft.core.storage.secure_store import MAGIC, default_keystore
@@ -141,7 +142,7 @@ def test_the_low_rank_state_is_the_adapters_change(store):
     _perturb(store, "t", seed=7)
     base_before = {k: v.clone() for k, v in _base().state_dict().items()}
     expected = _forward(store.activate("t"))
-    low_rank = store.low_rank_state("t")
+    low_rank = store.low_rank_state("t", keep=1.0)
     assert len(low_rank) == 7 * 2  # q/k/v/o/gate/up/down of both layers
     rebuilt = _base()
     params = dict(rebuilt.named_parameters())
@@ -156,6 +157,31 @@ def test_the_low_rank_state_is_the_adapters_change(store):
         assert torch.equal(wrapped.get_parameter(f"{path}.base_layer.weight"), base_before[f"{path}.weight"])
     assert store.active == "t" and store.peft.active_adapter == adapter_name("t")
     assert torch.allclose(_forward(store.peft), expected)
+
+
+def test_drafting_gets_the_change_at_the_rank_it_uses():
+    """A rank-16 adapter whose change lies mostly in 3 directions (as a short
+    training leaves it): the drafter gets it at rank 3, every projection's change
+    within the energy it keeps; a change with no such structure keeps its rank."""
+    gen = torch.Generator().manual_seed(3)
+
+    def change(out: int, inp: int, strong: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b = torch.randn(out, 16, generator=gen)
+        a = torch.randn(16, inp, generator=gen) * torch.tensor([1.0] * strong + [0.01] * (16 - strong))[:, None]
+        return a, b
+
+    state = {"q": change(64, 48, 2), "k": change(32, 48, 3), "down": change(48, 96, 1)}
+    small = compact_low_rank(state, keep=0.98)
+    assert {a.shape[0] for a, _ in small.values()} == {3}
+    for path, (a, b) in state.items():
+        a2, b2 = small[path]
+        assert b2.shape == (b.shape[0], 3) and a2.shape == (3, a.shape[1])
+        full = b @ a
+        assert torch.linalg.norm(full - b2 @ a2) ** 2 <= 0.02 * torch.linalg.norm(full) ** 2
+    exact = compact_low_rank(state, keep=1.0)
+    assert all(torch.equal(exact[p][0], state[p][0]) for p in state)
+    spread = {"v": (torch.randn(8, 40, generator=gen), torch.randn(40, 8, generator=gen))}
+    assert compact_low_rank(spread)["v"][0].shape[0] == 8
 
 
 def test_bf16_base_trains_fp32_lora(tmp_path):

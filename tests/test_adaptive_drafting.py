@@ -4,12 +4,15 @@ drafter, learned from this target's own verification outcomes."""
 import json
 
 import pytest
+import torch
 from omnidraft.core.decoding.adaptive_drafting import (
     DRAFTER,
     EXPLORE_EVERY,
     MIN_STEPS,
+    ChanceCalibration,
     DraftPolicy,
     DraftPrices,
+    calibrated,
     lookup_source,
 )
 from omnidraft.core.decoding.sampling import GenerationConfig
@@ -117,6 +120,65 @@ def test_prices_come_from_measured_costs_and_set_how_far_the_drafter_drafts():
         prices.record_step(rows=2, verify_seconds=0.040, step_seconds=0.100, tokens=2)
         prices.record_step(rows=4, verify_seconds=0.046, step_seconds=0.100, tokens=2)
     assert prices.threshold() == pytest.approx(0.12, rel=1e-3)
+
+
+def test_an_overconfident_chance_is_brought_to_the_observed_rate():
+    """A head that says 0.85 where 70% of proposals are accepted (the Zen 3 adapt
+    run's): the calibrated chance settles at the observed rate, and comes back up
+    when the head turns right."""
+    import random
+
+    rng = random.Random(0)
+    cal = ChanceCalibration()
+
+    def serve(raw: float, rate: float, steps: int) -> list[float]:
+        used = []
+        for _ in range(steps):
+            chance = calibrated(raw, cal.bias)
+            accepted = 0
+            while accepted < 3 and rng.random() < rate:  # a 3-token draft, judged up to its first rejection
+                accepted += 1
+            cal.record([chance] * 3, accepted)
+            used.append(chance)
+        return used
+
+    used = serve(0.85, 0.70, 600)
+    assert sum(used[-200:]) / 200 == pytest.approx(0.70, abs=0.03)
+    used = serve(0.70, 0.70, 600)
+    assert sum(used[-200:]) / 200 == pytest.approx(0.70, abs=0.03)
+    assert cal.judged > 1000
+    assert calibrated(0.5, 0.0) == 0.5 and calibrated(0.5, 10.0) < 1.0
+
+
+def test_the_engine_corrects_a_wrong_head_as_it_decodes_and_answers_stay_the_same(cross, gemma_tok):
+    """A head that says almost no draft is accepted (logit -8): after one reply the
+    policy's bias has risen toward what verification accepted; tokens unchanged."""
+    from omnidraft.core.learning.acceptance_head import AcceptanceHead
+
+    target, drafter, bridge = cross
+    cfg = GenerationConfig(max_new_tokens=24)
+    prompt = PROMPTS[1]
+    ids = gemma_tok(prompt)["input_ids"]
+    plain = run_plain(target, gemma_tok, prompt, cfg)
+    head = AcceptanceHead(drafter.loaded.model.config.hidden_size)
+    head.labels_seen = 10**6
+    with torch.no_grad():
+        head.confidence.zero_()
+        head.hidden.bias.fill_(-8.0)
+    policy = DraftPolicy()
+    policy.prices.threshold = lambda: 0.0  # draft the full k: judged proposals every step
+    drafter.head = head
+    try:
+        done = list(generate_speculative(TargetRunner(target), gemma_tok, drafter, bridge, ids,
+                                         drafter.tokenizer(prompt)["input_ids"], cfg, set(),
+                                         SpecOptions(prompt_lookup=False), policy=policy))[-1]
+    finally:
+        drafter.head = None
+    assert done.token_ids == plain.token_ids
+    s = done.stats
+    assert s.chance_accepted > 0 and policy.calibration.judged == s.chance_checked
+    assert policy.calibration.bias > 0
+    assert s.chance_raw_sum < s.chance_sum  # the chances used were raised above the head's
 
 
 def test_a_priced_drafter_drafts_while_its_chances_cover_the_price_and_answers_stay_the_same(cross, gemma_tok):

@@ -279,9 +279,10 @@ def test_engine_totals_add_up_turns():
 def test_drafting_figures_split_acceptance_by_source_and_compare_predicted_with_observed():
     a = TurnStats(method="omnidraft", new_tokens=12, steps=5, proposed=10, accepted=6,
                   lookup_steps=1, lookup_proposed=4, lookup_accepted=1, ngram_proposed=2, ngram_accepted=2)
-    a.add_drafted([0.9, 0.5, 0.4], [False, False, False], 1)  # judged: the first two (the 2nd rejected)
+    # judged: the first two (the 2nd rejected); raw: the head's before calibration
+    a.add_drafted([0.9, 0.5, 0.4], [0.95, 0.6, 0.5], [False, False, False], 1)
     b = TurnStats(method="omnidraft", new_tokens=3, steps=2, proposed=2, accepted=2)
-    b.add_drafted([0.8, 0.6], [False, False], 2)
+    b.add_drafted([0.8, 0.6], [0.9, 0.7], [False, False], 2)
     outs = [runners.Output([1], 1.0, 1, a), runners.Output([1], 1.0, 1, b)]
     got = drafting_figures(engine_totals(outs), len(outs))
     assert got["acceptance"] == 8 / 12 and got["acceptance_lookup"] == 1 / 4
@@ -289,6 +290,7 @@ def test_drafting_figures_split_acceptance_by_source_and_compare_predicted_with_
     assert got["drafted_tokens_per_step"] == 12 / 5  # 7 forwards, 2 of them the prompts'
     assert got["calibration_proposals"] == 4
     assert got["calibration_predicted"] == pytest.approx((0.9 + 0.5 + 0.8 + 0.6) / 4)
+    assert got["calibration_raw_predicted"] == pytest.approx((0.95 + 0.6 + 0.9 + 0.7) / 4)
     assert got["calibration_observed"] == 3 / 4
     assert drafting_figures(engine_totals([runners.Output([1], 1.0, 1, TurnStats(method="target"))]), 1) is None
 
@@ -320,6 +322,7 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
     assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
     assert adapt["after"]["target"]["speedup"] == 1.0
+    assert 1 <= adapt["adapter_rank"] <= 32 and abs(adapt["calibration_bias"]) <= 4.0
     for when in ("before", "after"):  # what learning should move, both times
         drafting = adapt[when]["omnidraft"]["drafting"]
         assert drafting["calibration_proposals"] > 0 and 0 <= drafting["calibration_predicted"] <= 1

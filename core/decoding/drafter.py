@@ -16,6 +16,7 @@ import torch
 
 from ..models.lean_llama import LeanLlama
 from ..stopping import ShouldStop, never
+from .adaptive_drafting import calibrated
 from .sampling import GenerationConfig, probabilities
 from .vocab_bridge import token_bytes
 
@@ -53,8 +54,10 @@ class Draft:
     dists: list[torch.Tensor] | None  # full drafter distributions (sampling only)
     held: bytes = b""  # accepted text the draft starts by re-drafting (token healing)
     # The chance of acceptance the stop rule used for each token: the acceptance
-    # head's, or the drafter's top probability while it has none.
+    # head's, or the drafter's top probability while it has none, calibrated
+    # (adaptive_drafting.ChanceCalibration) ...
     p: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)  # ... and before calibration
     forwards: int = 0  # drafter forwards the draft ran (the first token's came with the sync)
     forward_seconds: float = 0.0
 
@@ -79,6 +82,7 @@ class Drafter:
         # The current target's acceptance head (engine-set; None or untrained: the
         # drafter's own confidence decides when to stop).
         self.head: AcceptanceHead | None = None
+        self.adapter_rank: int | None = None  # the rank of the adapter it drafts with
         self.held = b""  # trailing accepted whitespace left out of the context (token healing)
         self._heal_masks: dict[bytes, torch.Tensor] = {}
         # Built here (the byte table takes ~0.25 s for SmolLM2 the first time), not
@@ -91,6 +95,7 @@ class Drafter:
         Returns False, changing nothing, when should_stop() interrupted it."""
         if not self.net.set_adapter(adapter, should_stop):
             return False
+        self.adapter_rank = next(iter(adapter.values()))[0].shape[0] if adapter else None
         self.forget_context()
         return True
 
@@ -179,10 +184,11 @@ class Drafter:
 
     # --------------------------------------------------------------- drafting
     def draft(self, cfg: GenerationConfig, gen: torch.Generator | None, k: int | None = None,
-              price: float | None = None) -> Draft:
+              price: float | None = None, bias: float = 0.0) -> Draft:
         """Up to k drafter tokens continuing the context (sampled like the target).
         price: DraftPrices.threshold() (None: not measured, or priced drafting off):
-        draft on while prod(P_i) * P_i is at least it."""
+        draft on while prod(P_i) * P_i is at least it. bias: ChanceCalibration's,
+        added to each P_i's logit."""
         k = k or self.settings.k
         out = Draft([], [], [] if not cfg.greedy else None, held=self.held)
         logits, hidden = self._logits, self._hidden
@@ -210,7 +216,9 @@ class Drafter:
                 out.dists.append(probs)
             confidence = float(probs.max())
             chance = self.head.chance(hidden, confidence) if self.head is not None else None
-            p = confidence if chance is None else chance
+            raw = confidence if chance is None else chance
+            p = calibrated(raw, bias)
+            out.raw.append(raw)
             out.p.append(p)
             all_accepted *= p
             # The last drafted token needs no forward: nothing is drafted after it.

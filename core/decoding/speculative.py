@@ -127,7 +127,8 @@ class SpeculativeDecoder:
                 self.drafter.sync_text(self.bridge.target_text(reply), heal=self.text_proposals)
             self.synced = len(self.context)
         price = self.policy.prices.threshold() if self.policy is not None else None
-        draft = self.drafter.draft(self.cfg, self.gen, k, price)
+        bias = self.policy.calibration.bias if self.policy is not None else 0.0
+        draft = self.drafter.draft(self.cfg, self.gen, k, price, bias)
         if self.policy is not None:
             self.policy.prices.record_draft(draft.forwards, draft.forward_seconds)
         if self.text_proposals:
@@ -216,6 +217,8 @@ def generate_speculative(
             policy.prices.record_step(len(proposals.tokens) + 1, t2 - t1, step_s, n + 1)
             if learn_policy:
                 policy.record(proposals.source, n + 1, step_s)
+            if proposals.draft is not None:
+                policy.calibration.record(proposal_chances(proposals.draft.p, proposals.spans), n)
 
         new = proposals.tokens[:n] + [token]
         yield from turn.push(new, drafted=n)
@@ -241,4 +244,5 @@ def _count_step(stats: TurnStats, proposals: Proposals, n: int, draft_s: float, 
         stats.lookup_accepted += n
     if proposals.draft is not None:
         spans = proposals.spans
-        stats.add_drafted(proposal_chances(proposals.draft.p, spans), merged_spans(spans), n)
+        stats.add_drafted(proposal_chances(proposals.draft.p, spans), proposal_chances(proposals.draft.raw, spans),
+                          merged_spans(spans), n)
