@@ -130,13 +130,22 @@ static inline vec vexp2_times(vec p, vec n) { /* n in -127..127: build 2^n from 
 }
 #endif
 
-/* a (float32) . b (fp16) over len values, a multiple of 32 (the 4-bit kernel's group). */
+/* a (float32) . b (fp16) over len values, a multiple of 32 (the 4-bit kernel's group);
+   two accumulators, so consecutive multiply-adds do not wait on each other. */
 static inline float dot(const float *a, const uint16_t *b, int64_t len) {
-    vec acc = vzero();
-    for (int64_t i = 0; i < len; i += VW) acc = vfmadd(vload(a + i), vhalf(b + i), acc);
-    return vsum(acc);
+    vec acc0 = vzero(), acc1 = vzero();
+    for (int64_t i = 0; i < len; i += 2 * VW) {
+        acc0 = vfmadd(vload(a + i), vhalf(b + i), acc0);
+        acc1 = vfmadd(vload(a + i + VW), vhalf(b + i + VW), acc1);
+    }
+    return vsum(vadd(acc0, acc1));
 }
 
+/* y += (x A^T) B (the adapter beside the weights), four rows at a time: each fp16
+   factor vector is widened once for four rows, and the four accumulators hide
+   the multiply-add latency. Row by row, one accumulator, factor rows outer, a
+   drafter's 160-token prompt read took 1.55x as long with a rank-32 adapter as
+   without (scripts/adapter_cost.py). t is [width, n]. */
 static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy,
                     int threads) {
     int64_t width = p->parts * p->rank;
@@ -144,19 +153,60 @@ static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, f
     if (!t) return -1;
 #pragma omp parallel num_threads(threads)
     {
+        if (n >= 8) { /* a prompt or a re-sync: each thread takes blocks of 4 rows (in L1)
+                          and runs every factor row over them; factor rows outer would
+                          re-read all n rows of x from L2 once per factor row */
 #pragma omp for schedule(static)
-        for (int64_t j = 0; j < width; j++)
-            for (int64_t r = 0; r < n; r++) t[r * width + j] = dot(x + r * k, p->lora_a + j * k, k);
+            for (int64_t r = 0; r < n; r += 4) {
+                const float *x0 = x + r * k;
+                for (int64_t j = 0; j < width; j++) {
+                    const uint16_t *a = p->lora_a + j * k;
+                    if (r + 4 > n) {
+                        for (int64_t q = r; q < n; q++) t[j * n + q] = dot(x + q * k, a, k);
+                        continue;
+                    }
+                    vec s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+                    for (int64_t i = 0; i < k; i += VW) {
+                        vec w = vhalf(a + i);
+                        s0 = vfmadd(vload(x0 + i), w, s0);
+                        s1 = vfmadd(vload(x0 + k + i), w, s1);
+                        s2 = vfmadd(vload(x0 + 2 * k + i), w, s2);
+                        s3 = vfmadd(vload(x0 + 3 * k + i), w, s3);
+                    }
+                    float *tj = t + j * n + r;
+                    tj[0] = vsum(s0), tj[1] = vsum(s1), tj[2] = vsum(s2), tj[3] = vsum(s3);
+                }
+            }
+        } else { /* a few rows: the factor rows split between the threads */
+#pragma omp for schedule(static)
+            for (int64_t j = 0; j < width; j++)
+                for (int64_t r = 0; r < n; r++) t[j * n + r] = dot(x + r * k, p->lora_a + j * k, k);
+        }
         /* VW outputs at a time, all in one part (parts end at multiples of 16): y += sum
            over the rank of t * B^T rows */
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < p->out; o += VW) {
             int64_t part = 0;
             while (o >= p->part_end[part]) part++;
-            for (int64_t r = 0; r < n; r++) {
-                const float *tr = t + r * width + part * p->rank;
+            const float *tp = t + part * p->rank * n;
+            const uint16_t *b = p->lora_b + o;
+            int64_t r = 0;
+            for (; r + 4 <= n; r += 4) {
+                float *y0 = y + r * ldy + o;
+                vec s0 = vload(y0), s1 = vload(y0 + ldy), s2 = vload(y0 + 2 * ldy), s3 = vload(y0 + 3 * ldy);
+                for (int64_t i = 0; i < p->rank; i++) {
+                    vec w = vhalf(b + i * p->out);
+                    const float *ti = tp + i * n + r;
+                    s0 = vfmadd(vset1(ti[0]), w, s0);
+                    s1 = vfmadd(vset1(ti[1]), w, s1);
+                    s2 = vfmadd(vset1(ti[2]), w, s2);
+                    s3 = vfmadd(vset1(ti[3]), w, s3);
+                }
+                vstore(y0, s0), vstore(y0 + ldy, s1), vstore(y0 + 2 * ldy, s2), vstore(y0 + 3 * ldy, s3);
+            }
+            for (; r < n; r++) {
                 vec acc = vload(y + r * ldy + o);
-                for (int64_t i = 0; i < p->rank; i++) acc = vfmadd(vset1(tr[i]), vhalf(p->lora_b + i * p->out + o), acc);
+                for (int64_t i = 0; i < p->rank; i++) acc = vfmadd(vset1(tp[i * n + r]), vhalf(b + i * p->out), acc);
                 vstore(y + r * ldy + o, acc);
             }
         }
