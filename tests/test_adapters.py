@@ -182,6 +182,12 @@ def test_drafting_gets_the_change_at_the_rank_it_uses():
     assert all(torch.equal(exact[p][0], state[p][0]) for p in state)
     spread = {"v": (torch.randn(8, 40, generator=gen), torch.randn(40, 8, generator=gen))}
     assert compact_low_rank(spread)["v"][0].shape[0] == 8
+    # A cap keeps the strongest directions: the best rank-2 approximation.
+    capped = compact_low_rank(spread, keep=1.0, max_rank=2)["v"]
+    full = spread["v"][1] @ spread["v"][0]
+    u, s, vh = torch.linalg.svd(full)
+    assert capped[0].shape[0] == 2
+    assert torch.allclose(capped[1] @ capped[0], (u[:, :2] * s[:2]) @ vh[:2], atol=1e-4)
 
 
 def test_bf16_base_trains_fp32_lora(tmp_path):

@@ -344,11 +344,12 @@ class AdapterStore:
         return compact_low_rank(out, keep)
 
 
-def compact_low_rank(state: LowRank, keep: float = KEEP_ENERGY) -> LowRank:
+def compact_low_rank(state: LowRank, keep: float = KEEP_ENERGY, max_rank: int | None = None) -> LowRank:
     """The same changes b @ a at one smaller rank: through each projection's SVD
     (from QR of the thin factors, cheap at rank 32), the smallest rank that keeps
-    `keep` of the squared singular values of every projection; all at one rank,
-    as the decoder-stack kernel streams fused projections' parts at one rank."""
+    `keep` of the squared singular values of every projection, at most max_rank;
+    all at one rank, as the decoder-stack kernel streams fused projections'
+    parts at one rank."""
     svds = {}
     rank = 1
     for path, (a, b) in state.items():
@@ -357,7 +358,7 @@ def compact_low_rank(state: LowRank, keep: float = KEEP_ENERGY) -> LowRank:
         u, s, vh = torch.linalg.svd(rb @ ra.T)
         energy = (s**2).cumsum(0)
         need = int((energy < keep * energy[-1]).sum()) + 1 if energy[-1] > 0 else 1
-        rank = max(rank, min(need, s.numel()))
+        rank = max(rank, min(need, s.numel(), max_rank or s.numel()))
         svds[path] = (qb @ u, s, vh @ qa.T)
     out: LowRank = {}
     for path, (left, s, right) in svds.items():
