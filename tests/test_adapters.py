@@ -7,6 +7,7 @@ import pytest
 import torch
 from omnidraft.core.learning.adapters import (
     CONFIG_FILE,
+    DRAFT_MAX_RANK,
     LEGACY_META_FILE,
     LEGACY_WEIGHTS_FILE,
     META_FILE,
@@ -142,7 +143,7 @@ def test_the_low_rank_state_is_the_adapters_change(store):
     _perturb(store, "t", seed=7)
     base_before = {k: v.clone() for k, v in _base().state_dict().items()}
     expected = _forward(store.activate("t"))
-    low_rank = store.low_rank_state("t", keep=1.0)
+    low_rank = store.low_rank_state("t", keep=1.0, max_rank=None)
     assert len(low_rank) == 7 * 2  # q/k/v/o/gate/up/down of both layers
     rebuilt = _base()
     params = dict(rebuilt.named_parameters())
@@ -188,6 +189,14 @@ def test_drafting_gets_the_change_at_the_rank_it_uses():
     u, s, vh = torch.linalg.svd(full)
     assert capped[0].shape[0] == 2
     assert torch.allclose(capped[1] @ capped[0], (u[:, :2] * s[:2]) @ vh[:2], atol=1e-4)
+
+
+def test_the_drafter_streams_a_trained_adapter_at_its_rank_cap(tmp_path):
+    store = AdapterStore(tmp_path / "a", _base(), rank=16, alpha=32)
+    store.activate("t")
+    _perturb(store, "t", seed=5)
+    assert {a.shape[0] for a, _ in store.low_rank_state("t").values()} == {DRAFT_MAX_RANK}
+    assert {a.shape[0] for a, _ in store.low_rank_state("t", keep=1.0, max_rank=None).values()} == {16}
 
 
 def test_bf16_base_trains_fp32_lora(tmp_path):

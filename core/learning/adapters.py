@@ -64,6 +64,11 @@ COUNTERS = ("steps", "samples")
 # it truncated to the rank that keeps this share of every projection's change
 # (its squared singular values): what is left out is at most ~14% of its norm.
 KEEP_ENERGY = 0.98
+# ... and at most this rank: cut from a trained rank-32 adapter, rank 8 kept all
+# of its target tokens per step (2.45 against 2.44, 2.16 without it) for a
+# quarter of the bytes (one drafter row 1.02-1.05x against 1.16-1.19x a plain
+# forward; docs/learning.md, scripts/adapter_rank_eval.py, adapter_cost.py).
+DRAFT_MAX_RANK = 8
 
 
 class AdapterStore:
@@ -324,11 +329,12 @@ class AdapterStore:
     # ------------------------------------------------------------ merging
     @torch.no_grad()
     def low_rank_state(self, target_id: str, should_stop: ShouldStop = never,
-                       keep: float = KEEP_ENERGY) -> LowRank | None:
+                       keep: float = KEEP_ENERGY, max_rank: int | None = DRAFT_MAX_RANK) -> LowRank | None:
         """This adapter's change to every adapted projection as (a, b) in float32,
         W' = W + b @ a (the LoRA scaling folded into a), keyed by module path
         ("model.layers.0.self_attn.q_proj"), truncated to one rank that keeps
-        `keep` of every projection's change (compact_low_rank; 1.0: exact). New
+        `keep` of every projection's change, at most max_rank (compact_low_rank;
+        keep=1.0, max_rank=None: exact). New
         tensors: neither the base model nor the active adapter changes. None when
         should_stop() (checked between projections) interrupted it."""
         self._ensure(target_id)
@@ -341,7 +347,7 @@ class AdapterStore:
                 return None
             a = module.lora_A[name].weight.float() * module.scaling[name]
             out[path] = (a.contiguous(), module.lora_B[name].weight.float().clone())
-        return compact_low_rank(out, keep)
+        return compact_low_rank(out, keep, max_rank)
 
 
 def compact_low_rank(state: LowRank, keep: float = KEEP_ENERGY, max_rank: int | None = None) -> LowRank:
