@@ -18,6 +18,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from functools import partialmethod
 from pathlib import Path
 
 from omnidraft.bench import cli
@@ -31,11 +32,11 @@ def main() -> int:
     p.add_argument("bench", nargs=argparse.REMAINDER, help="-- then omnidraft-bench's arguments")
     args = p.parse_args()
     rest = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
-    full = adapters.compact_low_rank
     if args.rank == 0:
         adapters.AdapterStore.low_rank_state = lambda *a, **k: None
-    else:
-        adapters.compact_low_rank = lambda state, keep=1.0, max_rank=None: full(state, 1.0, args.rank)
+    else:  # the best rank-r approximation of each projection's change
+        adapters.AdapterStore.low_rank_state = partialmethod(
+            adapters.AdapterStore.low_rank_state, keep=1.0, max_rank=args.rank)
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         shutil.copytree(args.source, home, symlinks=True)

@@ -364,8 +364,10 @@ def compact_low_rank(state: LowRank, keep: float = KEEP_ENERGY, max_rank: int | 
         u, s, vh = torch.linalg.svd(rb @ ra.T)
         energy = (s**2).cumsum(0)
         need = int((energy < keep * energy[-1]).sum()) + 1 if energy[-1] > 0 else 1
-        rank = max(rank, min(need, s.numel(), max_rank or s.numel()))
+        rank = max(rank, min(need, s.numel()))
         svds[path] = (qb @ u, s, vh @ qa.T)
+    if max_rank is not None:
+        rank = min(rank, max_rank)
     out: LowRank = {}
     for path, (left, s, right) in svds.items():
         if rank >= state[path][0].shape[0]:
