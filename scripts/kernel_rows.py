@@ -2,7 +2,13 @@
 projection) of 1 to 64 rows, and nanoseconds per 16 x 32 block and row, on the
 kernel build this CPU runs (`--isa` picks another runnable one). Medians of --reps.
 
+With --layers N: the products of N Qwen2.5-1.5B-shaped layers (q/k/v, o, gate/up,
+down; 29 MB of 4-bit weights each, so 28 layers outgrow any CPU cache) for 1 to
+8 rows, the fastest of --reps passes: what a verification of that many tokens
+costs in weight streaming and products, without attention or the LM head.
+
     PYTHONPATH=. .venv/bin/python scripts/kernel_rows.py
+    PYTHONPATH=. .venv/bin/python scripts/kernel_rows.py --layers 28 --reps 6
 """
 
 from __future__ import annotations
@@ -15,18 +21,46 @@ import torch
 from omnidraft.core.models import int4
 
 ROWS = (1, 2, 3, 4, 8, 16, 64)
+STREAM_ROWS = (1, 2, 3, 4, 5, 8)
+# (inputs, outputs) of one Qwen2.5-1.5B layer's products: q/k/v, o, gate/up, down
+QWEN_LAYER = ((1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536))
+
+
+def random_packed(n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    return int4.pack(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                     (torch.rand(n, k // 32, generator=g) * 0.01).half(),
+                     (-torch.rand(n, k // 32, generator=g) * 0.05).half())
+
+
+def stream(layers: int, reps: int, isa: str | None) -> None:
+    g = torch.Generator().manual_seed(0)
+    weights = [[(random_packed(n, k, g), k, n) for k, n in QWEN_LAYER] for _ in range(layers)]
+    total = sum(p.numel() for layer in weights for p, _, _ in layer)
+    print(f"kernel: {isa or int4.kernel_isa()}, {torch.get_num_threads()} threads, "
+          f"{layers} layers, {total / 1e6:.0f} MB of 4-bit weights")
+    for m in STREAM_ROWS:
+        x = torch.randn(m, 8960)
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            for layer in weights:
+                for packed, k, n in layer:
+                    int4.q4_mm(x[:, :k], packed, n, isa)
+            best = min(best, time.perf_counter() - start)
+        print(f"{m:3d} rows  {1000 * best:7.2f} ms a pass")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--isa", choices=int4.runnable_isas(), default=None)
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--layers", type=int, default=0, help="time this many layers' products streaming instead")
     args = parser.parse_args()
+    if args.layers:
+        stream(args.layers, args.reps, args.isa)
+        return
     n, k = 8960, 1536
-    g = torch.Generator().manual_seed(0)
-    packed = int4.pack(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
-                       (torch.rand(n, k // 32, generator=g) * 0.01).half(),
-                       (-torch.rand(n, k // 32, generator=g) * 0.05).half())
+    packed = random_packed(n, k, torch.Generator().manual_seed(0))
     blocks = n * k / (int4.CHANNELS * int4.GROUP)
     print(f"kernel: {args.isa or int4.kernel_isa()}, {torch.get_num_threads()} threads")
     for m in ROWS:

@@ -37,30 +37,59 @@ of half h, bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
 #define Q6_BLOCK_BYTES 448
 #define MAX_ROWS 8
 
-/* Each row to int8 on its own scale; sums of the int8 values per `width` inputs. */
-static void quantize_rows(const float *x, int64_t m, int64_t k, int8_t *xq, float *row_scale, float *group_sum,
-                          int64_t width) {
-    int64_t groups = k / width;
-    for (int64_t r = 0; r < m; r++) {
-        const float *xr = x + r * k;
-        float amax = 0.0f;
-        for (int64_t i = 0; i < k; i++) {
-            float a = fabsf(xr[i]);
-            amax = a > amax ? a : amax;
+/* One row to int8 on its own scale (absmax / 127), and the sums of its int8 values
+   per `width` inputs (32, or 16 for the 6-bit layout). CVTPS2DQ rounds to nearest,
+   ties to even, as nearbyintf does in the default mode, so the integers are those of
+   the plain loop; vectorized, a 160-token prompt's 8960-wide rows took 2.4 ms of the
+   down projection's 15 ms on one thread before, ~0.2 ms now. k: a multiple of 32. */
+static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, float *sums, int64_t width) {
+#ifdef __AVX512F__
+    __m512 top = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(xr + i)));
+    float amax = _mm512_reduce_max_ps(top);
+#else
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 top = _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; i += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(xr + i), magnitude));
+    __m128 t4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    t4 = _mm_max_ps(t4, _mm_movehl_ps(t4, t4));
+    float amax = _mm_cvtss_f32(_mm_max_ss(t4, _mm_movehdup_ps(t4)));
+#endif
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *row_scale = amax / 127.0f;
+    for (int64_t g = 0; g < k / width; g++) {
+#ifdef __AVX512F__
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t i = g * width; i < (g + 1) * width; i += 16) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr + i), _mm512_set1_ps(inv)));
+            _mm_storeu_si128((__m128i *)(qr + i), _mm512_cvtepi32_epi8(q));
+            sum = _mm512_add_epi32(sum, q);
         }
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        row_scale[r] = amax / 127.0f;
-        int8_t *qr = xq + r * k;
-        for (int64_t g = 0; g < groups; g++) {
-            int32_t sum = 0;
-            for (int64_t i = g * width; i < (g + 1) * width; i++) {
-                int32_t q = (int32_t)nearbyintf(xr[i] * inv);
-                qr[i] = (int8_t)q;
-                sum += q;
-            }
-            group_sum[r * groups + g] = (float)sum;
+        sums[g] = (float)_mm512_reduce_add_epi32(sum);
+#else
+        __m256i sum = _mm256_setzero_si256();
+        for (int64_t i = g * width; i < (g + 1) * width; i += 8) {
+            __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xr + i), _mm256_set1_ps(inv)));
+            __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+            _mm_storel_epi64((__m128i *)(qr + i), _mm_packs_epi16(words, words)); /* |q| <= 127: no saturation */
+            sum = _mm256_add_epi32(sum, q);
         }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        sums[g] = (float)_mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+#endif
     }
+}
+
+/* Ask for the weights PREFETCH bytes ahead in this thread's stream while the
+   current block computes. Left to the hardware prefetcher, the stream stalled
+   whenever the rows' products took a while: the products of 28 Qwen2.5-1.5B-shaped
+   layers (819 MB, scripts/kernel_rows.py --layers 28) took 42-43 / 57 / 68-79 ms
+   for 1 / 4 / 8 rows, and 34-35 / 38-39 / 45-47 ms with this (2-16 KB ahead all
+   alike). A prefetch past the end of the weights is harmless: it never faults. */
+#define PREFETCH 4096
+static inline __attribute__((always_inline)) void ahead(const uint8_t *b, int bytes) {
+    for (int line = 0; line < bytes; line += 64) _mm_prefetch((const char *)b + PREFETCH + line, _MM_HINT_T0);
 }
 
 /* One block column of 16 channels for `rows` (1..8, a constant once inlined) rows. */
@@ -83,6 +112,7 @@ static inline __attribute__((always_inline)) void channel_block(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * BLOCK_BYTES;
+        ahead(b, BLOCK_BYTES);
         __m512i w[8];
         nibbles(b, w);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
@@ -109,6 +139,7 @@ static inline __attribute__((always_inline)) void channel_block6(
     const __m512i pair = _mm512_set1_epi8(0x30);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
+        ahead(b, Q6_BLOCK_BYTES);
         __m512i w[8];
         nibbles(b, w);
         __m512 sc[2];
@@ -158,6 +189,7 @@ static inline __attribute__((always_inline)) void channel_block(
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * BLOCK_BYTES;
+        ahead(b, BLOCK_BYTES);
         __m256i w[2][8]; /* [half: channels 8h..8h+7][inputs 4t..4t+3] */
         for (int h = 0; h < 2; h++) nibbles(b + 32 * h, w[h]);
         __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256)));
@@ -193,6 +225,7 @@ static inline __attribute__((always_inline)) void channel_block6(
     const __m256i pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
+        ahead(b, Q6_BLOCK_BYTES);
         __m256i w[2][8];
         __m256 sc[2][2];
         for (int h = 0; h < 2; h++) {
@@ -249,26 +282,30 @@ static int gemm(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
         free(xq), free(row_scale), free(sums);
         return -1;
     }
-    quantize_rows(x, m, k, xq, row_scale, sums, width);
     int64_t columns = n / CHANNELS;
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t c = 0; c < columns; c++) {
-        const uint8_t *blocks = weights + c * groups * block_bytes;
-        for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
-            int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
-            if (bits == 6) {
-                switch (rows) {
-                    ROWS_CASE(1, channel_block6, per_row) ROWS_CASE(2, channel_block6, per_row)
-                    ROWS_CASE(3, channel_block6, per_row) ROWS_CASE(4, channel_block6, per_row)
-                    ROWS_CASE(5, channel_block6, per_row) ROWS_CASE(6, channel_block6, per_row)
-                    ROWS_CASE(7, channel_block6, per_row) ROWS_CASE(8, channel_block6, per_row)
-                }
-            } else {
-                switch (rows) {
-                    ROWS_CASE(1, channel_block, per_row) ROWS_CASE(2, channel_block, per_row)
-                    ROWS_CASE(3, channel_block, per_row) ROWS_CASE(4, channel_block, per_row)
-                    ROWS_CASE(5, channel_block, per_row) ROWS_CASE(6, channel_block, per_row)
-                    ROWS_CASE(7, channel_block, per_row) ROWS_CASE(8, channel_block, per_row)
+#pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, then the columns */
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; r++) quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * per_row, width);
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < columns; c++) {
+            const uint8_t *blocks = weights + c * groups * block_bytes;
+            for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+                int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
+                if (bits == 6) {
+                    switch (rows) {
+                        ROWS_CASE(1, channel_block6, per_row) ROWS_CASE(2, channel_block6, per_row)
+                        ROWS_CASE(3, channel_block6, per_row) ROWS_CASE(4, channel_block6, per_row)
+                        ROWS_CASE(5, channel_block6, per_row) ROWS_CASE(6, channel_block6, per_row)
+                        ROWS_CASE(7, channel_block6, per_row) ROWS_CASE(8, channel_block6, per_row)
+                    }
+                } else {
+                    switch (rows) {
+                        ROWS_CASE(1, channel_block, per_row) ROWS_CASE(2, channel_block, per_row)
+                        ROWS_CASE(3, channel_block, per_row) ROWS_CASE(4, channel_block, per_row)
+                        ROWS_CASE(5, channel_block, per_row) ROWS_CASE(6, channel_block, per_row)
+                        ROWS_CASE(7, channel_block, per_row) ROWS_CASE(8, channel_block, per_row)
+                    }
                 }
             }
         }
