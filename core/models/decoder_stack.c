@@ -25,10 +25,7 @@ in 4 bits and v in 6), each its own product into its columns.
 #include <stdlib.h>
 #include <string.h>
 
-int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
-            int threads);
-int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
-            int threads);
+#include "int4_gemm.h"
 
 typedef struct {
     const uint8_t *packed; /* int4_gemm.c's block layouts */
@@ -141,58 +138,66 @@ static inline float dot(const float *a, const uint16_t *b, int64_t len) {
     return vsum(vadd(acc0, acc1));
 }
 
-/* y += (x A^T) B (the adapter beside the weights), four rows at a time: each fp16
-   factor vector is widened once for four rows, and the four accumulators hide
-   the multiply-add latency. Row by row, one accumulator, factor rows outer, a
-   drafter's 160-token prompt read took 1.55x as long with a rank-32 adapter as
-   without (scripts/adapter_cost.py). t is [width, n]. */
-static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy,
-                    int threads) {
-    int64_t width = p->parts * p->rank;
-    float *t = malloc(sizeof(float) * (size_t)(n * width));
-    if (!t) return -1;
-#pragma omp parallel num_threads(threads)
-    {
-        if (n >= 8) { /* a prompt or a re-sync: each thread takes blocks of 4 rows (in L1)
-                          and runs every factor row over them; factor rows outer would
-                          re-read all n rows of x from L2 once per factor row */
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < n; r += 4) {
-                const float *x0 = x + r * k;
-                for (int64_t j = 0; j < width; j++) {
-                    const uint16_t *a = p->lora_a + j * k;
-                    if (r + 4 > n) {
-                        for (int64_t q = r; q < n; q++) t[j * n + q] = dot(x + q * k, a, k);
-                        continue;
-                    }
-                    vec s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
-                    for (int64_t i = 0; i < k; i += VW) {
-                        vec w = vhalf(a + i);
-                        s0 = vfmadd(vload(x0 + i), w, s0);
-                        s1 = vfmadd(vload(x0 + k + i), w, s1);
-                        s2 = vfmadd(vload(x0 + 2 * k + i), w, s2);
-                        s3 = vfmadd(vload(x0 + 3 * k + i), w, s3);
-                    }
-                    float *tj = t + j * n + r;
-                    tj[0] = vsum(s0), tj[1] = vsum(s1), tj[2] = vsum(s2), tj[3] = vsum(s3);
-                }
-            }
-        } else { /* a few rows: the factor rows split between the threads */
-#pragma omp for schedule(static)
-            for (int64_t j = 0; j < width; j++)
-                for (int64_t r = 0; r < n; r++) t[j * n + r] = dot(x + r * k, p->lora_a + j * k, k);
+/* The adapter and the bias beside a projection's product, on its threads (a Beside,
+   int4_gemm.h): t = x A^T while the product quantizes its rows, then y += t B^T
+   and the bias. As a parallel region of its own after the product, a rank-8 adapter
+   on all seven projections added 0.59-1.03 ms to a drafter's one-row forward, and
+   0.43-0.74 ms this way (scripts/kernel_ab.py --against 2f25811, AVX2). */
+typedef struct {
+    const Projection *p;
+    const float *x;
+    float *y, *t; /* t [parts * rank, n] */
+    int64_t n, k, ldy;
+} Extra;
+
+/* A prompt or a re-sync (n >= 8): item = a block of 4 rows (in L1) run over every
+   factor row, each fp16 factor vector widened once for four rows (row by row, factor
+   rows outer, the drafter's 160-token prompt read took 1.55x as long with a rank-32
+   adapter as without; scripts/adapter_cost.py). A few rows: item = a factor row. */
+static void extra_prepare(void *ctx, int64_t item) {
+    const Extra *e = ctx;
+    const Projection *p = e->p;
+    int64_t n = e->n, k = e->k, width = p->parts * p->rank;
+    if (n < 8) {
+        for (int64_t r = 0; r < n; r++) e->t[item * n + r] = dot(e->x + r * k, p->lora_a + item * k, k);
+        return;
+    }
+    int64_t r = 4 * item;
+    const float *x0 = e->x + r * k;
+    for (int64_t j = 0; j < width; j++) {
+        const uint16_t *a = p->lora_a + j * k;
+        if (r + 4 > n) {
+            for (int64_t q = r; q < n; q++) e->t[j * n + q] = dot(e->x + q * k, a, k);
+            continue;
         }
-        /* VW outputs at a time, all in one part (parts end at multiples of 16): y += sum
-           over the rank of t * B^T rows */
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < p->out; o += VW) {
-            int64_t part = 0;
-            while (o >= p->part_end[part]) part++;
-            const float *tp = t + part * p->rank * n;
+        vec s0 = vzero(), s1 = vzero(), s2 = vzero(), s3 = vzero();
+        for (int64_t i = 0; i < k; i += VW) {
+            vec w = vhalf(a + i);
+            s0 = vfmadd(vload(x0 + i), w, s0);
+            s1 = vfmadd(vload(x0 + k + i), w, s1);
+            s2 = vfmadd(vload(x0 + 2 * k + i), w, s2);
+            s3 = vfmadd(vload(x0 + 3 * k + i), w, s3);
+        }
+        float *tj = e->t + j * n + r;
+        tj[0] = vsum(s0), tj[1] = vsum(s1), tj[2] = vsum(s2), tj[3] = vsum(s3);
+    }
+}
+
+/* Outputs o0..o0+15, all in one part (parts end at multiples of 16): y += sum over
+   the rank of t * B^T rows, then the bias. */
+static void extra_finish(void *ctx, int64_t o0) {
+    const Extra *e = ctx;
+    const Projection *p = e->p;
+    int64_t n = e->n, ldy = e->ldy;
+    if (p->lora_a) {
+        int64_t part = 0;
+        while (o0 >= p->part_end[part]) part++;
+        const float *tp = e->t + part * p->rank * n;
+        for (int64_t o = o0; o < o0 + 16; o += VW) {
             const uint16_t *b = p->lora_b + o;
             int64_t r = 0;
             for (; r + 4 <= n; r += 4) {
-                float *y0 = y + r * ldy + o;
+                float *y0 = e->y + r * ldy + o;
                 vec s0 = vload(y0), s1 = vload(y0 + ldy), s2 = vload(y0 + 2 * ldy), s3 = vload(y0 + 3 * ldy);
                 for (int64_t i = 0; i < p->rank; i++) {
                     vec w = vhalf(b + i * p->out);
@@ -205,24 +210,29 @@ static int low_rank(const Projection *p, const float *x, int64_t n, int64_t k, f
                 vstore(y0, s0), vstore(y0 + ldy, s1), vstore(y0 + 2 * ldy, s2), vstore(y0 + 3 * ldy, s3);
             }
             for (; r < n; r++) {
-                vec acc = vload(y + r * ldy + o);
+                vec acc = vload(e->y + r * ldy + o);
                 for (int64_t i = 0; i < p->rank; i++) acc = vfmadd(vset1(tp[i * n + r]), vhalf(b + i * p->out), acc);
-                vstore(y + r * ldy + o, acc);
+                vstore(e->y + r * ldy + o, acc);
             }
         }
     }
-    free(t);
-    return 0;
+    if (p->bias)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = o0; i < o0 + 16; i++) e->y[r * ldy + i] += p->bias[i];
 }
 
 /* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias). */
 static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy, int threads) {
-    if ((p->bits == 6 ? q6_gemm : q4_gemm)(x, n, k, p->packed, p->out, y, ldy, threads)) return -1;
-    if (p->lora_a && low_rank(p, x, n, k, y, ldy, threads)) return -1;
-    if (p->bias)
-        for (int64_t r = 0; r < n; r++)
-            for (int64_t i = 0; i < p->out; i++) y[r * ldy + i] += p->bias[i];
-    return 0;
+    int bits = p->bits == 6 ? 6 : 4;
+    if (!p->lora_a && !p->bias) return gemm_beside(bits, x, n, k, p->packed, p->out, y, ldy, threads, NULL);
+    int64_t width = p->lora_a ? p->parts * p->rank : 0;
+    float *t = width ? malloc(sizeof(float) * (size_t)(n * width)) : NULL;
+    if (width && !t) return -1;
+    Extra extra = {p, x, y, t, n, k, ldy};
+    Beside beside = {width ? (n >= 8 ? (n + 3) / 4 : width) : 0, extra_prepare, extra_finish, &extra};
+    int failed = gemm_beside(bits, x, n, k, p->packed, p->out, y, ldy, threads, &beside);
+    free(t);
+    return failed;
 }
 
 /* The parts of one projection side by side into y [n, width]. */

@@ -49,8 +49,10 @@ CHANNELS = 16  # output channels per block
 BLOCK_BYTES = 320  # 16 x 32 nibbles + 16 fp16 scales + 16 fp16 offsets
 Q6_BLOCK_BYTES = 448  # 16 x 32 nibbles + their high bit pairs + 32 fp16 scales
 Q6_PART = 16  # inputs per 6-bit scale
-# The 4-bit product, and the drafter's whole decoder stack built on it.
+# The 4-bit product, and the drafter's whole decoder stack built on it; the header
+# they share counts toward the build's tag.
 _SOURCES = [Path(__file__).with_name(name) for name in ("int4_gemm.c", "decoder_stack.c")]
+_HEADERS = [Path(__file__).with_name("int4_gemm.h")]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 # The instruction sets the kernels are written for, best first (the C sources
 # branch on them): AVX-512 with VNNI (one VPDPBUSD per 64 products), or AVX2 with
@@ -98,7 +100,7 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
     if compiler is None:
         return KernelUnavailable("no C compiler to build the 4-bit kernel (install gcc)")
     flags = [*_FLAGS, *ISAS[isa][1]]
-    source = b"".join(path.read_bytes() for path in _SOURCES)
+    source = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
     tag = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     built = cache_dir() / "kernels" / f"int4_gemm-{isa}-{tag}.so"
     if not built.exists():

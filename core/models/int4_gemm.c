@@ -31,6 +31,8 @@ of half h, bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
 #include <stdlib.h>
 #include <string.h>
 
+#include "int4_gemm.h"
+
 #define GROUP 32
 #define CHANNELS 16
 #define BLOCK_BYTES 320
@@ -272,8 +274,8 @@ static inline __attribute__((always_inline)) void channel_block6(
 
 /* x [m, k] float32 times `bits`-bit weights (4 or 6) [n, k] into y [m, ldy] columns
    0..n-1; k a multiple of 32, n of 16. Returns 0, or -1 when out of memory. */
-static int gemm(int bits, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
-                int64_t ldy, int threads) {
+int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+                int64_t ldy, int threads, const Beside *beside) {
     int64_t groups = k / GROUP, width = bits == 6 ? 16 : GROUP, per_row = k / width;
     int64_t block_bytes = bits == 6 ? Q6_BLOCK_BYTES : BLOCK_BYTES;
     int8_t *xq = (int8_t *)malloc((size_t)(m * k));
@@ -284,10 +286,15 @@ static int gemm(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
         return -1;
     }
     int64_t columns = n / CHANNELS;
-#pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, then the columns */
+#pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, the columns, what runs beside */
     {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < m; r++) quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * per_row, width);
+        if (beside) {
+#pragma omp for schedule(static) nowait
+            for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
+        }
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < columns; c++) {
             const uint8_t *blocks = weights + c * groups * block_bytes;
@@ -310,6 +317,10 @@ static int gemm(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
                 }
             }
         }
+        if (beside) {
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
+        }
     }
     free(xq), free(row_scale), free(sums);
     return 0;
@@ -317,10 +328,10 @@ static int gemm(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
 
 int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
             int threads) {
-    return gemm(4, x, m, k, weights, n, y, ldy, threads);
+    return gemm_beside(4, x, m, k, weights, n, y, ldy, threads, NULL);
 }
 
 int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
             int threads) {
-    return gemm(6, x, m, k, weights, n, y, ldy, threads);
+    return gemm_beside(6, x, m, k, weights, n, y, ldy, threads, NULL);
 }

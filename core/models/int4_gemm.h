@@ -1,0 +1,23 @@
+/* The 4-bit and 6-bit products (int4_gemm.c), as decoder_stack.c calls them. */
+#include <stdint.h>
+
+/* Work a caller runs beside a product on the product's own threads, so it needs no
+   fork of its own (a drafter forward runs hundreds of products). `items` calls of
+   prepare(ctx, i), split between the threads while the rows are quantized (they may
+   read x, not y); then, once the whole product is in y, finish(ctx, o) for each 16
+   outputs o..o+15. (Finishing each 16 outputs right after the product wrote them
+   measured slower: the factors' reads broke up the weights' stream.) */
+typedef struct {
+    int64_t items;
+    void (*prepare)(void *ctx, int64_t item);
+    void (*finish)(void *ctx, int64_t o);
+    void *ctx;
+} Beside;
+
+int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+            int threads);
+int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+            int threads);
+/* Either product (bits 4 or 6) with `beside` (NULL: nothing) run along. */
+int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+                int64_t ldy, int threads, const Beside *beside);
