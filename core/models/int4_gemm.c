@@ -183,40 +183,55 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m2
    4 inputs; VPMADDUBSW multiplies the unsigned nibbles by the int8 inputs and adds
    pairs into int16, which sum over the group's 8 steps without overflow
    (8 x 2 x 15 x 127 < 32768); VPMADDWD then joins each channel's two pairs. Same
-   integers and the same float steps as above, so the same results. */
+   integers and the same float steps as above, so the same results.
+   AVX2 has 16 registers: a whole block's nibbles (16) left none for the rows, and the
+   compiler spilled nibbles, scales and the rows' sums alike. So one half block (8
+   registers) goes through all the rows before the other, and the rows' sums live
+   in L1 (a load and a store beside 8 multiplies). 28 Qwen2.5-1.5B-shaped layers'
+   products on an AVX2 Zen 4, two runs of scripts/kernel_ab.py --gemm --against
+   2d11600: 1 row as before (0.99-1.02 of its time), 3 / 4 / 8 rows 0.87-0.92 /
+   0.83-0.91 / 0.78-0.92 of it, 5 rows 0.79-1.02. The 6-bit path below shares its
+   inputs' broadcasts between the halves instead: split the same way it gained
+   nothing. */
 static inline __attribute__((always_inline)) void channel_block(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
     int64_t k, int rows, float *y, int64_t ldy) {
-    __m256 acc[MAX_ROWS][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    float sums[MAX_ROWS * 16] __attribute__((aligned(32))); /* [row][channel]: the rows' sums, in L1 */
+    float *accm = sums;
+    __asm__("" : "+r"(accm)); /* opaque: kept in memory, not 16 registers the halves' nibbles need */
+    for (int i = 0; i < rows * 16; i += 8) _mm256_store_ps(accm + i, _mm256_setzero_ps());
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * BLOCK_BYTES;
         ahead(b, BLOCK_BYTES);
-        __m256i w[2][8]; /* [half: channels 8h..8h+7][inputs 4t..4t+3] */
-        for (int h = 0; h < 2; h++) nibbles(b + 32 * h, w[h]);
-        __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256)));
-        __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 272)));
-        __m256 z0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 288)));
-        __m256 z1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 304)));
-        for (int r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
-            __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
-            for (int t = 0; t < 8; t++) { /* each broadcast input feeds both halves */
-                __m256i xt = _mm256_set1_epi32(xr[t]);
-                d0 = _mm256_add_epi16(d0, _mm256_maddubs_epi16(w[0][t], xt));
-                d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(w[1][t], xt));
+        for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
+            __m256i w[8];
+            nibbles(b + 32 * h, w);
+            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 256 + 16 * h)));
+            __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 288 + 16 * h)));
+            const int8_t *xg = xq + g * GROUP;
+            __asm__("" : "+r"(xg)); /* no sharing of the rows' broadcasts between halves */
+            for (int r = 0; r < rows; r++) {
+                const int32_t *xr = (const int32_t *)(xg + r * k);
+                __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xr[0])),
+                                             _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xr[1])));
+                __m256i e = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(xr[2])),
+                                             _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(xr[3])));
+                d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(xr[4])));
+                e = _mm256_add_epi16(e, _mm256_maddubs_epi16(w[5], _mm256_set1_epi32(xr[5])));
+                d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[6], _mm256_set1_epi32(xr[6])));
+                e = _mm256_add_epi16(e, _mm256_maddubs_epi16(w[7], _mm256_set1_epi32(xr[7])));
+                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(d, e), ones));
+                float *a = accm + r * 16 + 8 * h;
+                __m256 acc = _mm256_fmadd_ps(dot, s, _mm256_load_ps(a));
+                _mm256_store_ps(a, _mm256_fmadd_ps(z, _mm256_set1_ps(group_sum[r * groups + g]), acc));
             }
-            __m256 gs = _mm256_set1_ps(group_sum[r * groups + g]);
-            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d0, ones)), s0, acc[r][0]);
-            acc[r][0] = _mm256_fmadd_ps(z0, gs, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d1, ones)), s1, acc[r][1]);
-            acc[r][1] = _mm256_fmadd_ps(z1, gs, acc[r][1]);
         }
     }
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < 2; h++)
-            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
+            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(_mm256_load_ps(accm + r * 16 + 8 * h),
+                                                                _mm256_set1_ps(row_scale[r])));
 }
 /* 6-bit with AVX2: pair sums of two steps fit int16 (2 x 2 x 63 x 127 < 32768);
    same integers and float steps as the AVX-512 path. */
