@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--methods", default=",".join(METHODS),
         help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
-        "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops)",
+        "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops), "
+        "omnidraft-readN (the drafter reads at most the prompt's last N tokens)",
     )
     p.add_argument(
         "--drafter",
@@ -108,7 +109,8 @@ def _method_list(text: str) -> list[str]:
     unknown = [m for m in names if not is_method(m)]
     if unknown or not names:
         raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
-                         "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced")
+                         "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced "
+                         "or omnidraft-readN (N from 1 to 4096)")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 

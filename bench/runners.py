@@ -11,6 +11,7 @@
   omnidraft-maxN  the engine's stop rules with at most N drafter tokens per step
   omnidraft-unpriced  the engine's drafting without priced stops (DraftPrices):
              the fixed confidence rule they replace
+  omnidraft-readN  the drafter reads at most the prompt's last N tokens (1 to 4096)
   llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text
@@ -53,6 +54,7 @@ WARMUP_TOKENS = 4
 FIXED_LENGTH = re.compile(r"omnidraft-k([1-9]|1[0-6])")
 CAPPED_LENGTH = re.compile(r"omnidraft-max([1-9]|1[0-6])")
 UNPRICED = "omnidraft-unpriced"
+PROMPT_READ = re.compile(r"omnidraft-read([1-9][0-9]{0,3})")  # 1 to 4096
 
 
 def fixed_length(name: str) -> int | None:
@@ -67,6 +69,8 @@ def draft_overrides(name: str) -> dict | None:
         return {"k": k, "min_confidence": 0.0, "gamma": None, "priced": False}
     if match := CAPPED_LENGTH.fullmatch(name):
         return {"k": int(match.group(1))}
+    if (match := PROMPT_READ.fullmatch(name)) and int(match.group(1)) <= 4096:
+        return {"prompt_tokens": int(match.group(1))}
     return {"priced": False} if name == UNPRICED else None
 
 

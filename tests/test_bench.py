@@ -131,18 +131,21 @@ def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home
     class Recording(Engine):
         def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):
             s = self.draft_settings
-            seen.append((s.k, s.min_confidence, s.gamma, s.priced))
+            seen.append((s.k, s.min_confidence, s.gamma, s.priced, s.prompt_tokens))
             yield TurnFinished("x", "length", TurnStats(method="omnidraft", new_tokens=1), [5])
 
     engine = Recording(draft_settings=DraftSettings(k=4, min_confidence=0.5, gamma=0.6))
-    for name in ("omnidraft-k6", "omnidraft-max7", "omnidraft-unpriced"):
+    for name in ("omnidraft-k6", "omnidraft-max7", "omnidraft-unpriced", "omnidraft-read64"):
         runners.variant_runner(engine, runners.draft_overrides(name))("p", GenerationConfig(max_new_tokens=1))
-    assert seen == [(6, 0.0, None, False), (7, 0.5, 0.6, True), (4, 0.5, 0.6, False)]
+    assert seen == [(6, 0.0, None, False, None), (7, 0.5, 0.6, True, None), (4, 0.5, 0.6, False, None),
+                    (4, 0.5, 0.6, True, 64)]
     s = engine.draft_settings
-    assert (s.k, s.min_confidence, s.gamma, s.priced) == (4, 0.5, 0.6, True)
+    assert (s.k, s.min_confidence, s.gamma, s.priced, s.prompt_tokens) == (4, 0.5, 0.6, True, None)
     assert runners.fixed_length("omnidraft-k16") == 16
     assert runners.fixed_length("omnidraft-k0") is None and runners.fixed_length("omnidraft-k17") is None
     assert not runners.is_method("omnidraft-max0") and runners.is_method("omnidraft-max16")
+    assert runners.is_method("omnidraft-read4096") and not runners.is_method("omnidraft-read4097")
+    assert not runners.is_method("omnidraft-read0")
 
 
 def test_omnidraft_refuses_the_engines_plain_fallback(home):

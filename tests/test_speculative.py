@@ -156,6 +156,21 @@ def test_draft_length_adapts_to_the_drafters_confidence(smol_tok):
     assert len(adaptive.draft(cfg, None).ids) == 1
 
 
+def test_a_drafter_told_to_read_the_prompts_end_drafts_from_that_end_alone(smol_tok):
+    model = tiny_llama(len(smol_tok), seed=4)
+    ids = smol_tok(PROMPTS[0])["input_ids"]
+    assert len(ids) > 6
+    short = lean_drafter(model, smol_tok, k=4, prompt_tokens=6)
+    short.start(ids)
+    alone = lean_drafter(model, smol_tok, k=4)
+    alone.start(ids[-6:])
+    assert short.net.length == 6
+    assert short.draft(GenerationConfig(), None).ids == alone.draft(GenerationConfig(), None).ids
+    whole = lean_drafter(model, smol_tok, k=4, prompt_tokens=len(ids) + 10)
+    whole.start(ids)
+    assert whole.net.length == len(ids)
+
+
 def test_first_text_streams_before_the_drafter_reads_the_prompt(cross, gemma_tok, monkeypatch):
     """A reply starts after the target's prompt pass alone (the reply-latency
     budget): the drafter's own prompt pass comes after the first text."""
