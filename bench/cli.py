@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--methods", default=",".join(METHODS),
         help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
         "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops), "
-        "omnidraft-readN (the drafter reads at most the prompt's last N tokens)",
+        "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last)",
     )
     p.add_argument(
         "--drafter",

@@ -11,7 +11,8 @@
   omnidraft-maxN  the engine's stop rules with at most N drafter tokens per step
   omnidraft-unpriced  the engine's drafting without priced stops (DraftPrices):
              the fixed confidence rule they replace
-  omnidraft-readN  the drafter reads at most the prompt's last N tokens (1 to 4096)
+  omnidraft-readN  the drafter reads at most N of the prompt's tokens: its first and
+             the most recent (1 to 4096)
   llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text

@@ -45,9 +45,9 @@ class DraftSettings:
     # machine's costs are measured, draft on while prod(P_i) * P_i covers them,
     # instead of the two rules above.
     priced: bool = True
-    # The most of the prompt's end the drafter reads before its first draft (None:
-    # all of it). Its read of a ~160-token prompt is a one-off cost a reply pays that
-    # plain decoding does not (~0.25 s on an AVX2 Zen 4).
+    # The most of the prompt the drafter reads before its first draft: its first token
+    # and the most recent (None: all of it). Its read of a ~160-token prompt is a
+    # one-off cost a reply pays that plain decoding does not (~0.25 s on an AVX2 Zen 4).
     prompt_tokens: int | None = None
 
 
@@ -137,7 +137,9 @@ class Drafter:
 
     def start(self, prefix_ids: list[int]) -> None:
         keep = self.settings.prompt_tokens
-        self.prefix = list(prefix_ids[-keep:] if keep else prefix_ids)
+        if keep and len(prefix_ids) > keep:  # the attention sink and the most recent, as fit_prefix
+            prefix_ids = list(prefix_ids[:1]) + list(prefix_ids[len(prefix_ids) - (keep - 1):])
+        self.prefix = list(prefix_ids)
         self.reply_text, self.reply_ids, self.held = "", [], b""
         self._set_context(self.prefix)
 
