@@ -51,6 +51,14 @@ class DraftSettings:
     prompt_tokens: int | None = None
 
 
+def first_and_recent(ids: list[int], count: int) -> list[int]:
+    """At most count of ids: all of them, or the first (the attention sink every
+    context starts with) and the count - 1 most recent."""
+    if len(ids) <= count:
+        return list(ids)
+    return list(ids[:1]) + list(ids[len(ids) - (count - 1):])
+
+
 @dataclass
 class Draft:
     ids: list[int]  # drafter token ids
@@ -130,16 +138,11 @@ class Drafter:
         context starts with) and the most recent tokens. At most half the context
         is set aside for the reply; a longer one drafts until the context is full
         and is verified without drafts from there (see _set_context)."""
-        room = self.max_len - min(reply_room, self.max_len // 2)
-        if len(prefix_ids) <= room:
-            return list(prefix_ids)
-        return list(prefix_ids[:1]) + list(prefix_ids[len(prefix_ids) - (room - 1):])
+        return first_and_recent(prefix_ids, self.max_len - min(reply_room, self.max_len // 2))
 
     def start(self, prefix_ids: list[int]) -> None:
         keep = self.settings.prompt_tokens
-        if keep and len(prefix_ids) > keep:  # the attention sink and the most recent, as fit_prefix
-            prefix_ids = list(prefix_ids[:1]) + list(prefix_ids[len(prefix_ids) - (keep - 1):])
-        self.prefix = list(prefix_ids)
+        self.prefix = first_and_recent(prefix_ids, keep) if keep else list(prefix_ids)
         self.reply_text, self.reply_ids, self.held = "", [], b""
         self._set_context(self.prefix)
 

@@ -196,8 +196,8 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m2
 static inline __attribute__((always_inline)) void channel_block(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
     int64_t k, int rows, float *y, int64_t ldy) {
-    float sums[MAX_ROWS * 16] __attribute__((aligned(32))); /* [row][channel]: the rows' sums, in L1 */
-    float *accm = sums;
+    float partial[MAX_ROWS * 16] __attribute__((aligned(32))); /* [row][channel]: the rows' results so far, in L1 */
+    float *accm = partial;
     __asm__("" : "+r"(accm)); /* opaque: kept in memory, not 16 registers the halves' nibbles need */
     for (int i = 0; i < rows * 16; i += 8) _mm256_store_ps(accm + i, _mm256_setzero_ps());
     const __m256i ones = _mm256_set1_epi16(1);
