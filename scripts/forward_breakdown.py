@@ -41,11 +41,11 @@ def time_int4(totals: collections.Counter) -> None:
     gate/up (int4.join) go through int4.q4_mm."""
     product = int4.q4_mm
 
-    def wrapper(rows, packed, out_features, isa=None, bits=4):
+    def wrapper(rows, packed, out_features, kind, isa=None):
         start = time.perf_counter()
-        y = product(rows, packed, out_features, isa, bits)
-        kind = "head" if out_features >= HEAD_MIN else f"int{bits}"
-        totals[kind] += time.perf_counter() - start
+        y = product(rows, packed, out_features, kind, isa)
+        totals["head" if out_features >= HEAD_MIN else f"int{6 if kind == int4.Q6_K else 4}"] += (
+            time.perf_counter() - start)
         return y
 
     int4.q4_mm = wrapper

@@ -3,17 +3,21 @@ one process (so a busy machine's load hits both alike): ms a one-row forward of 
 bundled SmolLM2 drafter after a 200-token context, plain and with a random rank-8
 adapter on all seven projections, and what the adapter adds, for each build.
 
-With --gemm: the 4-bit products of 28 Qwen2.5-1.5B-shaped layers (819 MB, as
+With --gemm: the 4-bit products of 28 Qwen2.5-1.5B-shaped layers (as
 scripts/kernel_rows.py --layers) for 1 to 8 rows, the fastest of --reps passes
-each, the two builds' results checked equal (--bits 6: the 6-bit products).
+each (--bits 6: the 6-bit products). Each build gets weights packed by its own
+revision's int4.py, so a layout change is measured too; where both revisions
+pack alike, the two builds' results are checked equal.
 
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --against 2f25811 [--reps 600]
+    (the drafter's forward: revisions whose kernels take the same arguments)
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --against 2d11600 [--reps 7]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import subprocess
 import tempfile
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import torch
 from adapter_cost import ALL, random_adapter
-from kernel_rows import QWEN_LAYER, STREAM_ROWS, random_packed
+from kernel_rows import QWEN_LAYER, STREAM_ROWS
 from omnidraft.core.models import int4
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.lean_llama import LeanLlama
@@ -32,47 +36,81 @@ HERE = Path(int4.__file__).parent
 REPO = Path(__file__).resolve().parent.parent
 
 
-def build(folder: Path):
-    """The kernels built from `folder`'s sources (int4.py's own build and cache)."""
-    int4._SOURCES = [folder / "int4_gemm.c", folder / "decoder_stack.c"]
-    int4._HEADERS = [path for path in [folder / "int4_gemm.h"] if path.exists()]
-    int4._library.cache_clear()
-    lib = int4._library()
-    if isinstance(lib, int4.KernelUnavailable):
+def build(module, folder: Path):
+    """The kernels built from `folder`'s sources by `module` (an int4.py: its own
+    build, cache and ctypes signatures)."""
+    module._SOURCES = [folder / "int4_gemm.c", folder / "decoder_stack.c"]
+    module._HEADERS = [path for path in [folder / "int4_gemm.h"] if path.exists()]
+    module._library.cache_clear()
+    lib = module._library()
+    if isinstance(lib, module.KernelUnavailable):
         raise SystemExit(f"{folder}: {lib}")
     return lib
 
 
-def gemm_ab(libs: dict, reps: int, bits: int, current: dict) -> None:
-    g = torch.Generator().manual_seed(0)
+def int4_at(folder: Path):
+    """The int4.py in `folder` as a module of its own (its packers), beside the
+    working tree's."""
+    spec = importlib.util.spec_from_file_location(f"{int4.__package__}._int4_{abs(hash(folder))}", folder / "int4.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_weights(module, n: int, k: int, bits: int, g: torch.Generator) -> torch.Tensor:
+    """Random n x k weights in `module`'s packed layout (a Q4_K_M target's: Q4_K, or
+    Q6_K with bits 6)."""
+    def codes(top: int, cols: int) -> torch.Tensor:
+        return torch.randint(0, top, (n, cols), dtype=torch.uint8, generator=g)
+
+    q6 = codes(64, k), (torch.rand(n, k // 16, generator=g) * 0.01).half()
+    if not hasattr(module, "Q4K"):  # before the Q4_K layout: module functions, fp16 scale and offset per 32
+        if bits == 6:
+            return module.pack6(*q6)
+        return module.pack(codes(16, k), (torch.rand(n, k // 32, generator=g) * 0.01).half(),
+                           (-torch.rand(n, k // 32, generator=g) * 0.05).half())
     if bits == 6:
-        def pack(n, k):
-            return int4.pack6(torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=g),
-                              (torch.rand(n, k // 16, generator=g) * 0.01).half())
-    else:
-        def pack(n, k):
-            return random_packed(n, k, g)
-    layers = [[(pack(n, k), k, n) for k, n in QWEN_LAYER] for _ in range(28)]
+        return module.Q6(*q6).packed()
+    supers = -(-k // 256)
+    return module.Q4K(codes(16, k), (torch.rand(n, supers, generator=g) * 1e-3).half(),
+                      (torch.rand(n, supers, generator=g) * 1e-3).half(), codes(64, k // 32), codes(64, k // 32)).packed()
+
+
+def product(module, x: torch.Tensor, packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """x @ W^T through `module`'s own entry point (its signature changed with Q4_K)."""
+    if hasattr(module, "Q4K"):
+        return module.q4_mm(x, packed, n, module.Q6_K if bits == 6 else module.Q4_K)
+    return module.q4_mm(x, packed, n, bits=bits)
+
+
+def gemm_ab(modules: dict, reps: int, bits: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    layers = {lib: [[(random_weights(module, n, k, bits, g), k, n) for k, n in QWEN_LAYER] for _ in range(28)]
+              for lib, module in modules.items()}
     xs = {(m, k): torch.randn(m, k, generator=g) for m in STREAM_ROWS for k in (1536, 8960)}
-    best = {(lib, m): float("inf") for lib in libs for m in STREAM_ROWS}
+    best = {(lib, m): float("inf") for lib in modules for m in STREAM_ROWS}
     for _ in range(reps):
         for m in STREAM_ROWS:
-            for lib, built in libs.items():
-                current["lib"] = built
+            for lib, module in modules.items():
                 start = time.perf_counter()
-                for layer in layers:
+                for layer in layers[lib]:
                     for packed, k, n in layer:
-                        int4.q4_mm(xs[m, k], packed, n, bits=bits)
+                        product(module, xs[m, k], packed, n, bits)
                 best[lib, m] = min(best[lib, m], time.perf_counter() - start)
-    for m in STREAM_ROWS:  # the same bits from both builds
-        packed, k, n = layers[0][2]
-        got = []
-        for built in libs.values():
-            current["lib"] = built
-            got.append(int4.q4_mm(xs[m, k], packed, n, bits=bits))
+    packed = []
+    for module in modules.values():  # the same random weights in each revision's layout
+        packed.append(random_weights(module, 2048, 1536, bits, torch.Generator().manual_seed(1)))
+    same_layout = torch.equal(*packed)
+    for m in STREAM_ROWS if same_layout else ():  # then the same bits from both builds
+        got = [product(module, xs[m, 1536], packed[0], 2048, bits) for module in modules.values()]
         if not torch.equal(*got):
             raise SystemExit(f"the builds differ at {m} rows")
-    names = list(libs)
+    for lib in modules:
+        total = sum(p.numel() for layer in layers[lib] for p, _, _ in layer)
+        print(f"{lib}: {total / 1e6:.0f} MB of {bits}-bit weights")
+    if not same_layout:
+        print("the revisions pack the weights differently: results not compared")
+    names = list(modules)
     print(f"{bits}-bit products of 28 layers, {torch.get_num_threads()} threads, fastest of {reps}: ms a pass")
     print(f"{'rows':>4} {names[0]:>14} {names[1]:>14} {'ratio':>7}")
     for m in STREAM_ROWS:
@@ -89,19 +127,22 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp)
-        for name in ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h"):
+        for name in ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py"):
             done = subprocess.run(["git", "show", f"{args.against}:core/models/{name}"], cwd=REPO,
                                   capture_output=True, check=False)
             if done.returncode == 0:
                 (old / name).write_bytes(done.stdout)
-        libs = {args.against: build(old), "working tree": build(HERE)}
+        modules = {args.against: int4_at(old), "working tree": int4}
+        libs = {args.against: build(modules[args.against], old), "working tree": build(int4, HERE)}
+    if args.gemm:
+        for lib, module in modules.items():
+            module._library = lambda isa=None, built=libs[lib]: built
+        gemm_ab(modules, args.reps or 7, args.bits)
+        return
     build_lib = int4._library
     current = {"lib": libs[args.against]}
     int4._library = lambda isa=None: current["lib"]  # LeanLlama asks for the library at each forward
     try:
-        if args.gemm:
-            gemm_ab(libs, args.reps or 7, args.bits, current)
-            return
         model = load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model
         nets = {"plain": LeanLlama(model, int8=True, int4=True, max_len=1024),
                 "rank 8": LeanLlama(model, int8=True, int4=True, adapter=random_adapter(model, 8, ALL), max_len=1024)}

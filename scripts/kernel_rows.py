@@ -27,9 +27,12 @@ QWEN_LAYER = ((1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536))
 
 
 def random_packed(n: int, k: int, g: torch.Generator) -> torch.Tensor:
-    return int4.pack(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
-                     (torch.rand(n, k // 32, generator=g) * 0.01).half(),
-                     (-torch.rand(n, k // 32, generator=g) * 0.05).half())
+    """Random n x k weights in Q4_K's layout, as a Q4_K_M target's 4-bit layers."""
+    supers = -(-k // 256)
+    return int4.Q4K(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                    (torch.rand(n, supers, generator=g) * 1e-3).half(), (torch.rand(n, supers, generator=g) * 1e-3).half(),
+                    torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g),
+                    torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g)).packed()
 
 
 def stream(layers: int, reps: int, isa: str | None) -> None:
@@ -45,7 +48,7 @@ def stream(layers: int, reps: int, isa: str | None) -> None:
             start = time.perf_counter()
             for layer in weights:
                 for packed, k, n in layer:
-                    int4.q4_mm(x[k], packed, n, isa)
+                    int4.q4_mm(x[k], packed, n, int4.Q4_K, isa)
             best = min(best, time.perf_counter() - start)
         print(f"{m:3d} rows  {1000 * best:7.2f} ms a pass")
 
@@ -65,11 +68,11 @@ def main() -> None:
     print(f"kernel: {args.isa or int4.kernel_isa()}, {torch.get_num_threads()} threads")
     for m in ROWS:
         x = torch.randn(m, k)
-        int4.q4_mm(x, packed, n, args.isa)
+        int4.q4_mm(x, packed, n, int4.Q4_K, args.isa)
         times = []
         for _ in range(args.reps):
             start = time.perf_counter()
-            int4.q4_mm(x, packed, n, args.isa)
+            int4.q4_mm(x, packed, n, int4.Q4_K, args.isa)
             times.append(time.perf_counter() - start)
         ms = 1000 * statistics.median(times)
         print(f"{m:3d} rows  {ms:7.3f} ms  {ms / m:6.3f} ms a row  {ms * 1e6 / (blocks * m):6.2f} ns per block-row")

@@ -4,7 +4,11 @@ tensors read from a GGUF file are the weights the file holds, a target's layers
 run as one kernel call compute what its torch layers compute, and speculative
 decoding of such a target gives the tokens of its plain decoding."""
 
+import ctypes
 import mmap
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,26 +27,40 @@ from tests.tiny import tiny_qwen2
 pytestmark = pytest.mark.skipif(int4.unavailable() is not None, reason=f"{int4.unavailable()}")
 
 
-def _layer(n=256, k=512, seed=0):
+def _layer(n=256, k=512, seed=0) -> int4.Q4:
+    """Random 4-bit weights in groups (fit's form, the drafter's)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
     scale = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3).half()
     offset = (-torch.rand(n, k // 32, generator=g) * 0.05).half()
-    return q, scale, offset
+    return int4.Q4(q, scale, offset)
+
+
+def _layer_k(n=256, k=512, seed=0) -> int4.Q4K:
+    """Random weights as a Q4_K tensor holds them (a GGUF target's)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
+    supers = -(-k // 256)
+    d, dmin = ((torch.rand(n, supers, generator=g) + 0.1) * 1e-3).half(), (torch.rand(n, supers, generator=g) * 1e-3).half()
+    sc, m = (torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g) for _ in range(2))
+    return int4.Q4K(q, d, dmin, sc, m)
 
 
 @pytest.mark.parametrize("isa", int4.runnable_isas())
 def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
-    q, scale, offset = _layer()
-    x = torch.randn(11, 512)
-    x[4] *= 300  # an outlier row
-    got = int4.q4_mm(x, int4.pack(q, scale, offset), 256, isa)
-    # The kernel's arithmetic: each row on its own int8 scale, exact integer products.
-    row_scale = x.abs().amax(1, keepdim=True) / 127
-    xq = (x / row_scale).round()
-    want = (xq.double() @ int4.dequantize(q, scale, offset).double().T) * row_scale.double()
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-    assert float((got - x @ int4.dequantize(q, scale, offset).T).norm() / got.norm()) < 0.02
+    # groups (Q4_1's form); Q4_K's superblocks of 256 inputs, whole and with a row
+    # ending in a short one (352 inputs: 3 groups)
+    for q4 in (_layer(), _layer_k(), _layer_k(k=352)):
+        k = q4.q.shape[1]
+        x = torch.randn(11, k)
+        x[4] *= 300  # an outlier row
+        got = int4.q4_mm(x, q4.packed(), 256, q4.kind, isa)
+        # The kernel's arithmetic: each row on its own int8 scale, exact integer products.
+        row_scale = x.abs().amax(1, keepdim=True) / 127
+        xq = (x / row_scale).round()
+        want = (xq.double() @ q4.weight().double().T) * row_scale.double()
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+        assert float((got - x @ q4.weight().T).norm() / got.norm()) < 0.02
 
 
 def _layer6(n=256, k=512, seed=0) -> int4.Q6:
@@ -57,9 +75,9 @@ def test_the_kernel_computes_the_6_bit_product_of_int8_rows(isa):
     q6 = _layer6()
     x = torch.randn(11, 512)
     x[4] *= 300
-    got = int4.q4_mm(x, int4.pack6(*q6), 256, isa, bits=6)
+    got = int4.q4_mm(x, q6.packed(), 256, int4.Q6_K, isa)
     row_scale = x.abs().amax(1, keepdim=True) / 127
-    want = ((x / row_scale).round().double() @ int4.dequantize6(*q6).double().T) * row_scale.double()
+    want = ((x / row_scale).round().double() @ q6.weight().double().T) * row_scale.double()
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     layer = int4.low_bit(torch.nn.Linear(512, 256), q6)
     assert layer.bits == 6 and torch.equal(layer(x), got + layer.bias)
@@ -69,9 +87,33 @@ def test_the_kernel_computes_the_6_bit_product_of_int8_rows(isa):
 @pytest.mark.skipif(len(int4.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
 def test_every_instruction_set_gives_the_same_bits():
     x = torch.randn(13, 512)
-    for packed, bits in ((int4.pack(*_layer()), 4), (int4.pack6(*_layer6()), 6)):
-        results = [int4.q4_mm(x, packed, 256, isa, bits=bits) for isa in int4.runnable_isas()]
+    for form in (_layer(), _layer_k(), _layer6()):
+        results = [int4.q4_mm(x, form.packed(), 256, form.kind, isa) for isa in int4.runnable_isas()]
         assert all(torch.equal(results[0], other) for other in results[1:])
+
+
+@pytest.mark.skipif("avx2" not in int4.runnable_isas() or shutil.which("cc") is None, reason="needs AVX2 and cc")
+def test_the_avx512_paths_give_the_avx2_paths_bits_under_emulation(tmp_path):
+    """On a CPU without AVX-512 (most desktops, and the AVX2 machines that run
+    these tests) the AVX-512 VNNI paths still get checked: built with every
+    AVX-512 intrinsic emulated lane by lane (tests/avx512_emulation.h), they must
+    compute the AVX2 build's bits."""
+    source = Path(int4.__file__).with_name("int4_gemm.c")
+    built = tmp_path / "emulated.so"
+    subprocess.run(["cc", "-O1", "-fopenmp", "-shared", "-fPIC", *int4.ISAS["avx2"][1], "-include",
+                    str(Path(__file__).with_name("avx512_emulation.h")), str(source), "-o", str(built), "-lm"],
+                   check=True, capture_output=True)
+    lib = ctypes.CDLL(str(built))
+    for form in (_layer(), _layer_k(), _layer_k(k=352), _layer6()):
+        k, packed = form.q.shape[1], form.packed()
+        for m in (1, 3, 8, 13):
+            x = torch.randn(m, k)
+            want = int4.q4_mm(x, packed, 256, form.kind, "avx2")
+            got = torch.empty(m, 256)
+            assert lib.q4_gemm(ctypes.c_int(form.kind), ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(m),
+                               ctypes.c_int64(k), ctypes.c_void_p(packed.data_ptr()), ctypes.c_int64(256),
+                               ctypes.c_void_p(got.data_ptr()), ctypes.c_int64(256), ctypes.c_int(1)) == 0
+            assert torch.equal(got, want), (form.kind, k, m)
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
@@ -110,8 +152,9 @@ def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     read = k_quant_reader(path)
     quantized = read("model.layers.0.mlp.up_proj", want.bfloat16())
     assert quantized is not None
-    # Up to the fp16 rounding of the group scales (2^-11 of each: finer than bf16).
-    torch.testing.assert_close(int4.dequantize(*quantized), want, rtol=0, atol=float(want.abs().max()) * 2**-10)
+    # Exactly the file's weights: its d, dmin, sub-scales and mins are kept as they are.
+    assert isinstance(quantized, int4.Q4K)
+    torch.testing.assert_close(quantized.weight(), want, rtol=0, atol=float(want.abs().max()) * 2**-20)
     # Not the loaded weight (a tensor stored in another order), or not a Q4_K layer: int8.
     assert read("model.layers.0.mlp.up_proj", want.flip(0)) is None
     assert read("model.layers.0.mlp.down_proj", want) is None
@@ -128,9 +171,20 @@ def test_q6_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     for name in ("model.layers.0.mlp.down_proj", "lm_head"):
         quantized = read(name, want.bfloat16())
         assert isinstance(quantized, int4.Q6)
-        torch.testing.assert_close(int4.dequantize6(*quantized), want, rtol=0, atol=float(want.abs().max()) * 2**-10)
+        torch.testing.assert_close(quantized.weight(), want, rtol=0, atol=float(want.abs().max()) * 2**-10)
     assert read("model.layers.0.mlp.down_proj", want.flip(0)) is None
     assert read("model.layers.0.mlp.up_proj", want) is None
+
+
+def test_any_weight_fits_q4_k_s_grid_within_half_a_step_of_its_value():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 576, generator=g) * torch.rand(64, 1, generator=g)  # 576: a short last superblock
+    w[:, 40:72] = w[:, 40:72].abs() + 0.5  # a group with no negative weight: its range still starts at 0
+    w[3, :] = 0  # an all-zero row
+    fitted = int4.fit_q4_k(w)
+    assert bool(((fitted.weight() - w).abs() <= fitted.steps() * 0.5 + 1e-6).all())
+    assert fitted.q.max() <= 15 and fitted.sc.max() <= 63 and fitted.m.max() <= 63
+    assert not fitted.weight()[3].any()
 
 
 def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypatch):
@@ -212,7 +266,7 @@ def _adapter(model, rank: int = 4, scale: float = 0.02, skip: str = "k_proj") ->
 def _file_like(name: str, w: torch.Tensor):
     """A Q4_K_M file's choice: v and down projections and the LM head in 6 bits
     (Q6_K), the other projections in 4 (Q4_K)."""
-    return int4.fit6(w) if name.endswith(("v_proj", "down_proj", "lm_head")) else int4.fit(w)
+    return int4.fit6(w) if name.endswith(("v_proj", "down_proj", "lm_head")) else int4.fit_q4_k(w)
 
 
 def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_layers_compute(qwen_tok, monkeypatch):

@@ -31,7 +31,7 @@ typedef struct {
     const uint8_t *packed; /* int4_gemm.c's block layouts */
     const float *bias;     /* NULL: none */
     int64_t out;           /* 0: no such part */
-    int64_t bits;          /* 4 or 6 */
+    int64_t kind;          /* the layout: LAYOUT_Q4_1, LAYOUT_Q4_K or LAYOUT_Q6_K */
     /* A learned adapter beside the 4-bit weight, y += (x A^T) B^T per part of a
        fused projection (q, k, v): rounding it into 4 bits would bury it
        (docs/learning.md). NULL: none. A [parts * rank, in] and B^T [rank, out],
@@ -223,14 +223,14 @@ static void extra_finish(void *ctx, int64_t o0) {
 
 /* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias). */
 static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy, int threads) {
-    int bits = p->bits == 6 ? 6 : 4;
-    if (!p->lora_a && !p->bias) return gemm_beside(bits, x, n, k, p->packed, p->out, y, ldy, threads, NULL);
+    int kind = (int)p->kind;
+    if (!p->lora_a && !p->bias) return gemm_beside(kind, x, n, k, p->packed, p->out, y, ldy, threads, NULL);
     int64_t width = p->lora_a ? p->parts * p->rank : 0;
     float *t = width ? malloc(sizeof(float) * (size_t)(n * width)) : NULL;
     if (width && !t) return -1;
     Extra extra = {p, x, y, t, n, k, ldy};
     Beside beside = {width ? (n >= 8 ? (n + 3) / 4 : width) : 0, extra_prepare, extra_finish, &extra};
-    int failed = gemm_beside(bits, x, n, k, p->packed, p->out, y, ldy, threads, &beside);
+    int failed = gemm_beside(kind, x, n, k, p->packed, p->out, y, ldy, threads, &beside);
     free(t);
     return failed;
 }

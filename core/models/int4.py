@@ -44,9 +44,9 @@ import torch
 
 from ..storage.paths import cache_dir
 
-GROUP = 32  # inputs per (scale, offset)
+GROUP = 32  # inputs per 4-bit sub-scale and min
+SUPER = 256  # inputs per superblock: one fp16 d and dmin (a Q4_K block)
 CHANNELS = 16  # output channels per block
-BLOCK_BYTES = 320  # 16 x 32 nibbles + 16 fp16 scales + 16 fp16 offsets
 Q6_BLOCK_BYTES = 448  # 16 x 32 nibbles + their high bit pairs + 32 fp16 scales
 Q6_PART = 16  # inputs per 6-bit scale
 # The 4-bit product, and the drafter's whole decoder stack built on it; the header
@@ -113,10 +113,9 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
                 return KernelUnavailable(f"the 4-bit kernel did not build: {done.stderr.strip()[-300:]}")
             out.replace(built)  # atomic: a second process never loads half a file
     lib = ctypes.CDLL(str(built))
-    for gemm in (lib.q4_gemm, lib.q6_gemm):
-        gemm.restype = ctypes.c_int
-        gemm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.q4_gemm.restype = ctypes.c_int
+    lib.q4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     lib.decoder_stack.restype = ctypes.c_int
     lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -135,7 +134,11 @@ def unavailable() -> str | None:
     return str(lib) if isinstance(lib, KernelUnavailable) else None
 
 
-Q4_K = 12  # gguf.GGMLQuantizationType.Q4_K
+# The kernels' layouts, numbered as gguf.GGMLQuantizationType numbers the
+# quantization each holds (int4_gemm.h): Q4_1's form (4 bits in groups of 32 with
+# an fp16 scale and offset: fit's, and so the drafter's), Q4_K's and Q6_K's.
+Q4_1 = 3
+Q4_K = 12
 Q6_K = 14
 _Q4_K_BLOCK = 144  # bytes per 256 weights: d, dmin (fp16), 12 bytes of 6-bit scales/mins, 128 of nibbles
 _Q6_K_BLOCK = 210  # bytes per 256 weights: 128 of low nibbles, 64 of high bit pairs, 16 int8 scales, d (fp16)
@@ -155,33 +158,23 @@ def gguf_name(module_name: str) -> str | None:
     return f"blk.{parts[-3]}.{GGUF_NAMES[parts[-1]]}.weight"
 
 
-def read_q4_k(buffer, offset: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Q4_K tensor [n, k] from a GGUF file's bytes as (q uint8 0..15, scale fp16,
-    offset fp16) per group of 32, w = scale * q + offset. Q4_K holds per 256 weights
-    d and dmin and, per 32, 6-bit sc and m: w = d*sc*q - dmin*m (llama.cpp's
-    ggml-quants.c; gguf.quants.Q4_K reads it the same way). The group scales are
-    rounded to fp16 (2^-11 relative), finer than the bf16 copy transformers loads."""
+def read_q4_k(buffer, offset: int, n: int, k: int) -> Q4K:
+    """A Q4_K tensor [n, k] from a GGUF file's bytes, exactly (llama.cpp's
+    ggml-quants.c; gguf.quants.Q4_K reads it the same way): per 256 weights d and
+    dmin, per 32 a 6-bit sc and m, w = d * sc * q - dmin * m."""
     import numpy as np
     from gguf.quants import Q4_K as GGUF_Q4_K
 
     blocks = np.frombuffer(buffer, dtype=np.uint8, count=n * k // 256 * _Q4_K_BLOCK, offset=offset)
     blocks = blocks.reshape(-1, _Q4_K_BLOCK)
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    d = blocks[:, 0:2].copy().view(np.float16)
+    dmin = blocks[:, 2:4].copy().view(np.float16)
     sc, m = GGUF_Q4_K.get_scale_min(blocks[:, 4:16].copy())
-    scale = d * sc.astype(np.float32)  # [blocks, 8]
-    shift = -dmin * m.astype(np.float32)
     qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (qs & np.uint8(0x0F)).reshape(n, k)
-    return (torch.from_numpy(q.copy()), torch.from_numpy(scale.reshape(n, -1)).half(),
-            torch.from_numpy(shift.reshape(n, -1)).half())
-
-
-class Q6(NamedTuple):
-    """A 6-bit tensor [n, k]: w = scale * (q - 32), q uint8 0..63, scale fp16 per 16 inputs."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
+    return Q4K(torch.from_numpy(q.copy()), torch.from_numpy(d.reshape(n, -1).copy()),
+              torch.from_numpy(dmin.reshape(n, -1).copy()), torch.from_numpy(sc.reshape(n, -1).astype(np.uint8)),
+              torch.from_numpy(m.reshape(n, -1).astype(np.uint8)))
 
 
 def read_q6_k(buffer, offset: int, n: int, k: int) -> Q6:
@@ -212,10 +205,18 @@ def fit6(weight: torch.Tensor) -> Q6 | None:
     return Q6(q.to(torch.uint8).view(n, k), scale)
 
 
-def fit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def _per_superblock(t: torch.Tensor) -> torch.Tensor:
+    """[n, groups] -> [n, superblocks, 8], the last superblock padded with zeros."""
+    n, groups = t.shape
+    per = SUPER // GROUP
+    return torch.nn.functional.pad(t, (0, -groups % per)).view(n, -1, per)
+
+
+def fit(weight: torch.Tensor) -> Q4 | None:
     """Any weight rounded onto a 4-bit grid per group of 32 inputs (from its least to
     its largest value): the drafter's form, where only acceptance depends on the
-    rounding. None when the shape does not fit the kernel."""
+    rounding (SmolLM2's file stores its layers so, as Q4_1: read back exactly). None
+    when the shape does not fit the kernel."""
     n, k = weight.shape
     if n % CHANNELS or k % GROUP:
         return None
@@ -223,27 +224,49 @@ def fit(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     lo, hi = w.amin(-1), w.amax(-1)
     scale, offset = ((hi - lo) / 15).half(), lo.half()
     q = ((w - offset.float()[..., None]) / scale.float().clamp(min=1e-8)[..., None]).round().clamp(0, 15)
-    return q.to(torch.uint8).view(n, k), scale, offset
+    return Q4(q.to(torch.uint8).view(n, k), scale, offset)
 
 
-def matches(weight: torch.Tensor, quantized: tuple[torch.Tensor, ...]) -> bool:
+def fit_q4_k(weight: torch.Tensor) -> Q4K | None:
+    """Any weight rounded onto Q4_K's grid, more coarsely than llama.cpp's quantizer
+    (tests build Q4_K_M-like targets from it): per group of 32 inputs the range from min(least, 0)
+    to the largest value in 15 steps, the steps and the mins then rounded up onto
+    their superblock's 6-bit grids (up, so the group's range stays covered). None
+    when the shape does not fit the kernel."""
+    n, k = weight.shape
+    if n % CHANNELS or k % GROUP:
+        return None
+    groups = k // GROUP
+    w = weight.detach().float().view(n, groups, GROUP)
+    lo, hi = w.amin(-1).clamp(max=0), w.amax(-1)
+
+    def six_bit(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """values [n, groups] >= 0 as (unit fp16 [n, superblocks], 0..63 [n, groups])."""
+        per = _per_superblock(values)
+        unit = (per.amax(-1) / 63).half()
+        steps = (per / unit.float().clamp(min=1e-30)[..., None]).ceil().clamp(0, 63)
+        return unit, steps.view(n, -1)[:, :groups].to(torch.uint8)
+
+    dmin, m = six_bit(-lo)
+    offset = -(dmin.float().repeat_interleave(SUPER // GROUP, 1)[:, :groups] * m)
+    d, sc = six_bit((hi - offset) / 15)
+    scale = d.float().repeat_interleave(SUPER // GROUP, 1)[:, :groups] * sc
+    q = ((w - offset[..., None]) / scale.clamp(min=1e-30)[..., None]).round().clamp(0, 15)
+    return Q4K(q.to(torch.uint8).view(n, k), d, dmin, sc, m)
+
+
+def matches(weight: torch.Tensor, quantized: Q4 | Q4K | Q6) -> bool:
     """Whether the 4-bit or 6-bit tensor is the loaded weight (up to the bf16
     rounding of the loaded copy): a reader that finds a tensor stored in another
     order (a loader that permutes it, another architecture's layout) falls back to
     int8."""
-    if tuple(weight.shape) != tuple(quantized[0].shape):
+    if tuple(weight.shape) != tuple(quantized.q.shape):
         return False
     rows = slice(0, 64)  # enough to tell a permuted tensor; the whole one costs seconds
     w = weight[rows].detach().float()
-    part = quantized[0][rows]
-    if isinstance(quantized, Q6):
-        scale = quantized.scale[rows].float()
-        error = (dequantize6(part, scale) - w).abs()
-        step = scale.abs().repeat_interleave(Q6_PART, 1)
-    else:
-        error = (dequantize(*(t[rows] for t in quantized)) - w).abs()
-        step = quantized[1][rows].float().repeat_interleave(GROUP, 1)
-    return bool((error <= w.abs() * 2.0**-7 + step * 0.02).all())
+    part = type(quantized)(*(t[rows] for t in quantized))
+    error = (part.weight() - w).abs()
+    return bool((error <= w.abs() * 2.0**-7 + part.steps() * 0.02).all())
 
 
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -255,55 +278,122 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
     return (nib[..., 0] | (nib[..., 1] << 4)).reshape(cols, groups, 256)
 
 
-def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """The 4-bit kernel's block layout (see int4_gemm.c) as one uint8 tensor."""
-    n, k = q.shape
-    cols, groups = n // CHANNELS, k // GROUP
-
-    def per_block(t: torch.Tensor) -> torch.Tensor:
-        return t.view(cols, CHANNELS, groups).transpose(1, 2).contiguous().view(torch.uint8)
-
-    return torch.cat([_nibbles(q), per_block(scale), per_block(offset)], dim=-1).contiguous()
+def _per_block(t: torch.Tensor) -> torch.Tensor:
+    """[n, x] values -> [n/16, x, the 16 channels' bytes]: a block's values side by side."""
+    return t.view(t.shape[0] // CHANNELS, CHANNELS, -1).transpose(1, 2).contiguous().view(torch.uint8)
 
 
-def pack6(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The 6-bit kernel's block layout (see int4_gemm.c) as one uint8 tensor."""
-    n, k = q.shape
-    cols, groups = n // CHANNELS, k // GROUP
-    # high bit pairs: [col, (h, jj), g, (s, f, b)] -> [col, g, s, h, jj, b, f]
-    high = (q >> 4).view(cols, 2, 8, groups, 2, 4, 4).permute(0, 3, 4, 1, 2, 6, 5)
-    high = (high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)).reshape(cols, groups, 128)
-    scales = scale.view(cols, CHANNELS, groups, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
-    return torch.cat([_nibbles(q), high, scales.reshape(cols, groups, 64)], dim=-1).contiguous()
+def _per_group(values: torch.Tensor, groups: int) -> torch.Tensor:
+    """Per-superblock values [n, superblocks] as float32 per group [n, groups]."""
+    return values.float().repeat_interleave(SUPER // GROUP, 1)[:, :groups]
 
 
-def dequantize(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """The float weight the 4-bit one stands for (tests and the reference path)."""
-    n, k = q.shape
-    w = q.float().view(n, k // GROUP, GROUP) * scale.float()[..., None] + offset.float()[..., None]
-    return w.view(n, k)
+class Q4(NamedTuple):
+    """4 bits a weight in groups of 32 inputs, w = scale * q + offset, q uint8 0..15,
+    scale and offset fp16 [n, k/32] (Q4_1's form: fit's)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    kind = Q4_1
+    bits = 4
+
+    def packed(self) -> torch.Tensor:
+        """The kernel's layout (int4_gemm.c): blocks of 16 channels x 32 inputs."""
+        return torch.cat([_nibbles(self.q), _per_block(self.scale), _per_block(self.offset)], dim=-1).contiguous()
+
+    def weight(self) -> torch.Tensor:
+        """The float weight it stands for (tests and the reference path)."""
+        n, k = self.q.shape
+        w = self.q.float().view(n, k // GROUP, GROUP) * self.scale.float()[..., None] + self.offset.float()[..., None]
+        return w.view(n, k)
+
+    def steps(self) -> torch.Tensor:
+        """The grid's step at each weight [n, k]."""
+        return self.scale.float().abs().repeat_interleave(GROUP, 1)
 
 
-def dequantize6(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The float weight the 6-bit one stands for."""
-    n, k = q.shape
-    return ((q.float() - 32).view(n, k // Q6_PART, Q6_PART) * scale.float()[..., None]).view(n, k)
+class Q4K(NamedTuple):
+    """A 4-bit tensor as a Q4_K tensor holds it: per group of 32 inputs
+    w = d * sc * q - dmin * m, q uint8 0..15, sc and m uint8 0..63 [n, k/32], d and
+    dmin fp16 per superblock of 256 inputs [n, ceil(k/256)] (a row's last
+    superblock is shorter where k is not a multiple of 256)."""
+
+    q: torch.Tensor
+    d: torch.Tensor
+    dmin: torch.Tensor
+    sc: torch.Tensor
+    m: torch.Tensor
+    kind = Q4_K
+    bits = 4
+
+    def packed(self) -> torch.Tensor:
+        """The kernel's layout (int4_gemm.c): per 16 channels, superblock after
+        superblock, its d and dmin, then per group the nibbles, sc and m."""
+        cols, per = self.q.shape[0] // CHANNELS, SUPER // GROUP
+        heads = torch.cat([_per_block(self.d), _per_block(self.dmin)], dim=-1)  # [cols, superblocks, 64]
+        body = torch.cat([_nibbles(self.q), _per_block(self.sc), _per_block(self.m)], dim=-1)  # [cols, groups, 288]
+        parts = []
+        for s in range(heads.shape[1]):
+            parts += [heads[:, s], body[:, s * per : (s + 1) * per].reshape(cols, -1)]
+        return torch.cat(parts, dim=-1).contiguous()
+
+    def group_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's (scale, offset) [n, k/32] in float32: w = scale * q + offset."""
+        groups = self.sc.shape[1]
+        return _per_group(self.d, groups) * self.sc.float(), -_per_group(self.dmin, groups) * self.m.float()
+
+    def weight(self) -> torch.Tensor:
+        n, k = self.q.shape
+        scale, offset = self.group_scales()
+        return (self.q.float().view(n, k // GROUP, GROUP) * scale[..., None] + offset[..., None]).view(n, k)
+
+    def steps(self) -> torch.Tensor:
+        return self.group_scales()[0].abs().repeat_interleave(GROUP, 1)
 
 
-def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, isa: str | None = None,
-          bits: int = 4) -> torch.Tensor:
-    """rows [m, k] @ W^T in float32, each row quantized to int8 on its own scale
-    (isa: the kernel build to use, default the best this CPU runs; bits: 4, or 6
-    for pack6's layout)."""
+class Q6(NamedTuple):
+    """A 6-bit tensor [n, k] as a Q6_K tensor holds it: w = scale * (q - 32), q uint8
+    0..63, scale fp16 per 16 inputs."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    kind = Q6_K
+    bits = 6
+
+    def packed(self) -> torch.Tensor:
+        """The kernel's layout (int4_gemm.c): blocks of 16 channels x 32 inputs."""
+        n, k = self.q.shape
+        cols, groups = n // CHANNELS, k // GROUP
+        # high bit pairs: [col, (h, jj), g, (s, f, b)] -> [col, g, s, h, jj, b, f]
+        high = (self.q >> 4).view(cols, 2, 8, groups, 2, 4, 4).permute(0, 3, 4, 1, 2, 6, 5)
+        high = (high[..., 0] | (high[..., 1] << 2) | (high[..., 2] << 4) | (high[..., 3] << 6)).reshape(
+            cols, groups, 128)
+        scales = self.scale.view(cols, CHANNELS, groups, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+        return torch.cat([_nibbles(self.q), high, scales.reshape(cols, groups, 64)], dim=-1).contiguous()
+
+    def weight(self) -> torch.Tensor:
+        n, k = self.q.shape
+        return ((self.q.float() - 32).view(n, k // Q6_PART, Q6_PART) * self.scale.float()[..., None]).view(n, k)
+
+    def steps(self) -> torch.Tensor:
+        return self.scale.float().abs().repeat_interleave(Q6_PART, 1)
+
+
+def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, kind: int,
+          isa: str | None = None) -> torch.Tensor:
+    """rows [m, k] @ W^T in float32, each row quantized to int8 on its own scale;
+    W packed in layout `kind` (Q4_1, Q4_K or Q6_K: the form's .kind). isa: the
+    kernel build to use, default the best this CPU runs."""
     lib = _library(isa)
     if isinstance(lib, KernelUnavailable):
         raise lib
     x = rows.float().contiguous()
     m, k = x.shape
     y = torch.empty(m, out_features, dtype=torch.float32)
-    gemm = lib.q6_gemm if bits == 6 else lib.q4_gemm
-    if gemm(x.data_ptr(), m, k, packed.data_ptr(), out_features, y.data_ptr(), out_features, torch.get_num_threads()):
-        raise MemoryError(f"out of memory in the {bits}-bit kernel")
+    if lib.q4_gemm(kind, x.data_ptr(), m, k, packed.data_ptr(), out_features, y.data_ptr(), out_features,
+                   torch.get_num_threads()):
+        raise MemoryError("out of memory in the 4-bit kernel")
     return y
 
 
@@ -312,9 +402,9 @@ class Int4Linear(torch.nn.Module):
 
     bits = 4
 
-    def __init__(self, linear: torch.nn.Linear, quantized: tuple[torch.Tensor, ...]):
+    def __init__(self, linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6):
         super().__init__()
-        self._packed = pack6(*quantized) if self.bits == 6 else pack(*quantized)
+        self._packed, self.kind = quantized.packed(), quantized.kind
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight_count = linear.weight.numel()
         self.streamed = self._packed.numel()  # bytes one product reads
@@ -323,11 +413,11 @@ class Int4Linear(torch.nn.Module):
 
     @property
     def kernel_weights(self) -> tuple[torch.Tensor, int]:
-        """(packed weights, bits): what DecoderStack runs."""
-        return self._packed, self.bits
+        """(packed weights, layout): what DecoderStack runs."""
+        return self._packed, self.kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = q4_mm(x.reshape(-1, self.in_features), self._packed, self.out_features, bits=self.bits)
+        y = q4_mm(x.reshape(-1, self.in_features), self._packed, self.out_features, self.kind)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -342,14 +432,14 @@ class Int6Linear(Int4Linear):
     bits = 6
 
 
-def low_bit(linear: torch.nn.Linear, quantized: tuple[torch.Tensor, ...]) -> Int4Linear:
-    """The linear layer with the weights read from its file (Q6) or rounded (4-bit)."""
+def low_bit(linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6) -> Int4Linear:
+    """The linear layer with the weights read from its file or rounded (fit)."""
     return Int6Linear(linear, quantized) if isinstance(quantized, Q6) else Int4Linear(linear, quantized)
 
 
 def join(layers: list[Int4Linear]):
-    """One product for several 4-bit layers of the same input (a target's q/k/v,
-    its gate/up): their packed weights laid end to end, each layer keeping a view
+    """One product for several 4-bit layers of the same input and layout (a
+    target's q/k/v, its gate/up): their packed weights laid end to end, each layer keeping a view
     of its part, so no second copy exists. Output channels are computed
     independently from the same int8 rows, so each part of the result is, bit for
     bit, what its layer computes alone; one call instead of several saves the
@@ -363,24 +453,28 @@ def join(layers: list[Int4Linear]):
     biases = [layer.bias for layer in layers]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else torch.zeros(layer.out_features) for b, layer in zip(biases, layers)])
-    return Joined(packed, layers[0].in_features, sum(layer.out_features for layer in layers), bias)
+    if len({layer.kind for layer in layers}) > 1:
+        raise ValueError("join takes layers of one layout")
+    return Joined(packed, layers[0].kind, layers[0].in_features, sum(layer.out_features for layer in layers), bias)
 
 
 class Joined:
     """Several 4-bit layers of one input as one product (join)."""
 
-    def __init__(self, packed: torch.Tensor, in_features: int, out_features: int, bias: torch.Tensor | None):
-        self.kernel_weights = packed, 4
+    def __init__(self, packed: torch.Tensor, kind: int, in_features: int, out_features: int,
+                 bias: torch.Tensor | None):
+        self.kernel_weights = packed, kind
         self.in_features, self.out_features, self.bias = in_features, out_features, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = q4_mm(x.reshape(-1, self.in_features), self.kernel_weights[0], self.out_features)
+        packed, kind = self.kernel_weights
+        y = q4_mm(x.reshape(-1, self.in_features), packed, self.out_features, kind)
         return y if self.bias is None else y + self.bias
 
 
 class _Projection(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_int64),
-                ("bits", ctypes.c_int64), ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p),
+                ("kind", ctypes.c_int64), ("lora_a", ctypes.c_void_p), ("lora_b", ctypes.c_void_p),
                 ("part_end", ctypes.c_void_p), ("parts", ctypes.c_int64), ("rank", ctypes.c_int64)]
 
 
@@ -400,8 +494,8 @@ class DecoderStack:
     as one kernel call (decoder_stack.c): the drafter's forward, and a GGUF
     target's, without torch's per-op overhead. layers: per layer (norm1, qkv,
     o, norm2, gate_up, down); qkv may be a list of up to 3 parts side by side,
-    gate_up of up to 2. Each part has .kernel_weights ((packed, bits), see
-    Int4Linear), .bias (or None), .out_features and optionally .low_rank (a
+    gate_up of up to 2. Each part has .kernel_weights ((packed, layout), see
+    Int4Linear: packed weights, layout), .bias (or None), .out_features and optionally .low_rank (a
     learned adapter beside the weight: a [parts*r, in], b^T [r, out], both fp16,
     each part's end among the outputs). The tensors are used in place, not copied."""
 
@@ -417,13 +511,13 @@ class DecoderStack:
             return t.data_ptr()
 
         def projection(p) -> _Projection:
-            packed, bits = p.kernel_weights
+            packed, kind = p.kernel_weights
             bias = None if p.bias is None else p.bias.float()
             low_rank = getattr(p, "low_rank", None)
             if low_rank is None:
-                return _Projection(ptr(packed), ptr(bias), p.out_features, bits)
+                return _Projection(ptr(packed), ptr(bias), p.out_features, kind)
             a, b, ends = low_rank
-            return _Projection(ptr(packed), ptr(bias), p.out_features, bits, ptr(a), ptr(b),
+            return _Projection(ptr(packed), ptr(bias), p.out_features, kind, ptr(a), ptr(b),
                                ptr(ends.to(torch.int64)), len(ends), b.shape[0])
 
         def parts(p, most: int):

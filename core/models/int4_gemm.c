@@ -1,29 +1,39 @@
 /* y = x W^T for 4-bit and 6-bit weights: the target's verification kernels
-(core/models/int4.py).
+(core/models/int4.py), in three layouts (int4_gemm.h). Each stores 16 output
+channels' weights as one column, front to back along the inputs, so a thread
+streams its channels' weights in order; each group of 32 inputs holds 256 bytes
+of nibbles laid out for VPDPBUSD (byte t*64 + j*4 + b holds channel j's inputs
+4t+b in the low nibble and 16+4t+b in the high one).
 
-Weights: per output channel and group of 32 inputs, w = s * q + z with q in 0..15
-and s, z in fp16 (a GGUF Q4_K/Q4_0/Q4_1 tensor is exactly this up to rounding
-its scales). Stored in blocks of 16 channels x 32 inputs, 320 bytes each:
-256 bytes of nibbles laid out for VPDPBUSD (byte t*64 + j*4 + b holds channel
-j's inputs 4t+b in the low nibble and 16+4t+b in the high one), then the 16
-scales and the 16 offsets. Blocks run along the inputs, then the channels, so
-a thread streams its channels' weights front to back.
+Q4_K (a GGUF Q4_K tensor, exactly): per channel and group of 32 inputs
+w = d * sc * q - dmin * m, q in 0..15, sc and m in 0..63, d and dmin fp16 per
+superblock of 8 groups (256 inputs; a row's last superblock may hold fewer).
+Per superblock 64 bytes of the 16 channels' d, then dmin; then per group 288
+bytes: nibbles, 16 sc, 16 m. 296 bytes per 16 x 32 weights (the file's: 288).
+
+Q4_1's form (int4.fit's, the drafter's: SmolLM2's file is Q4_1): per channel and
+group w = s * q + z, s and z fp16. Per group 320 bytes: nibbles, 16 s, 16 z.
+
+Q6_K (exactly): w = s * (q - 32), q in 0..63, one fp16 scale per channel and 16
+inputs. Per group 448 bytes: q's low nibbles (256), then its high bit pairs
+(128: 32-byte chunk 2s+h holds, for byte i of nibble register 4s+f of half h,
+bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
 
 Activations: each row quantized to int8 on its own scale (absmax / 127), so a
 row's result never depends on the rows computed beside it, and the integer
-products are exact. Per block and row: 8 VPDPBUSD, then
-acc += s * dot + z * sum(xq over the group); y = acc * row scale.
+products are exact. Q4_K: per group and row, the integer dot products times sc
+sum in int32 over the superblock (at most 8 x 63 x 32 x 15 x 127 < 2^31), as do
+the row's group sums times m; then, once per superblock, acc += d * dots -
+dmin * mins. Q4_1: per group acc += s * dot + z * sum(group). Q6_K: per 16
+inputs acc += s * (dot - 32 sum). Finally y = acc * row scale. Both instruction
+sets compute the same integers and the same float steps, so the same bits.
 
-The weights are unpacked once per block and used by up to 8 rows, so up to 8
+The weights are unpacked once per group and used by up to 8 rows, so up to 8
 rows cost about what one does while the weights stream from memory (a
 speculative verification of k+1 tokens), which is what no library kernel on
-this CPU gives (docs/speed.md).
-
-6-bit weights (a GGUF Q6_K tensor, exactly): w = s * (q - 32), q in 0..63, one
-fp16 scale per channel and 16 inputs. Blocks of 16 channels x 32 inputs, 448
-bytes: q's low nibbles as in the 4-bit layout (256 bytes), then its high bit
-pairs (128 bytes: 32-byte chunk 2s+h holds, for byte i of nibble register 4s+f
-of half h, bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
+this CPU gives (docs/speed.md). Q4_K's one float step per superblock instead of
+one per group matters on AVX2, where the rows' products, not the stream, set
+the cost of several rows (docs/speed.md).
 */
 #include <immintrin.h>
 #include <math.h>
@@ -35,17 +45,20 @@ of half h, bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
 
 #define GROUP 32
 #define CHANNELS 16
-#define BLOCK_BYTES 320
+#define Q4_BLOCK_BYTES 320 /* Q4_1's form: 16 x 32 nibbles, 16 fp16 scales, 16 fp16 offsets */
+#define SUPER_GROUPS 8     /* groups per Q4_K superblock */
+#define SUPER_HEAD 64      /* a Q4_K superblock's d and dmin */
+#define GROUP_BYTES 288    /* a Q4_K group's nibbles, sc and m */
 #define Q6_BLOCK_BYTES 448
 #define MAX_ROWS 8
 
 /* One row to int8 on its own scale (absmax / 127), and the sums of its int8 values
-   per `width` inputs (32, or 16 for the 6-bit layout). CVTPS2DQ rounds to nearest,
+   per `width` inputs (32, or 16 for the 6-bit layout; at most 32 x 127, an int16). CVTPS2DQ rounds to nearest,
    ties to even, as nearbyintf does in the default mode, so the integers are those of
    the plain loop. Vectorized and split between the threads: as a scalar loop on one
    thread it was a visible part of a long prompt's 8960-wide products. k: a
    multiple of 32. */
-static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, float *sums, int64_t width) {
+static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, int16_t *sums, int64_t width) {
 #ifdef __AVX512F__
     __m512 top = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(xr + i)));
@@ -68,7 +81,7 @@ static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scal
             _mm_storeu_si128((__m128i *)(qr + i), _mm512_cvtepi32_epi8(q));
             sum = _mm512_add_epi32(sum, q);
         }
-        sums[g] = (float)_mm512_reduce_add_epi32(sum);
+        sums[g] = (int16_t)_mm512_reduce_add_epi32(sum);
 #else
         __m256i sum = _mm256_setzero_si256();
         for (int64_t i = g * width; i < (g + 1) * width; i += 8) {
@@ -79,7 +92,7 @@ static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scal
         }
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        sums[g] = (float)_mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+        sums[g] = (int16_t)_mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
 #endif
     }
 }
@@ -108,14 +121,67 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m5
     }
 }
 
-static inline __attribute__((always_inline)) void channel_block(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
-    int64_t k, int rows, float *y, int64_t ldy) {
+/* A superblock's mins as int16 pairs per channel (group 2p's m, group 2p+1's m;
+   0 past its last group): VPMADDWD with a row's pair of group sums gives the
+   channel's m * sum for both groups. */
+static inline __attribute__((always_inline)) __m512i min_pairs(const uint8_t *first, int p, int count) {
+    __m128i m0 = _mm_loadu_si128((const __m128i *)(first + 2 * p * GROUP_BYTES + 272));
+    __m128i m1 = 2 * p + 1 < count ? _mm_loadu_si128((const __m128i *)(first + (2 * p + 1) * GROUP_BYTES + 272))
+                                   : _mm_setzero_si128();
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(m0, m1), _mm_unpacklo_epi8(m0, m1)));
+}
+
+static inline __attribute__((always_inline)) void q4k_column(
+    const uint8_t *column, int64_t groups, const int8_t *xq, const int16_t *sums, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const uint8_t *head = column;
+    for (int64_t g0 = 0; g0 < groups; g0 += SUPER_GROUPS) {
+        int count = groups - g0 < SUPER_GROUPS ? (int)(groups - g0) : SUPER_GROUPS;
+        const uint8_t *first = head + SUPER_HEAD;
+        __m512i dots[MAX_ROWS];
+        for (int r = 0; r < rows; r++) dots[r] = _mm512_setzero_si512();
+        for (int i = 0; i < count; i++) {
+            const uint8_t *b = first + i * GROUP_BYTES;
+            ahead(b, GROUP_BYTES);
+            __m512i w[8];
+            nibbles(b, w);
+            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 256)));
+            for (int r = 0; r < rows; r++) {
+                const int32_t *xr = (const int32_t *)(xq + r * k + (g0 + i) * GROUP);
+                __m512i d = _mm512_setzero_si512();
+                for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
+                dots[r] = _mm512_add_epi32(dots[r], _mm512_mullo_epi32(d, sc));
+            }
+        }
+        __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
+        __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
+        int pairs = (count + 1) / 2;
+        __m512i mp[SUPER_GROUPS / 2];
+        for (int p = 0; p < pairs; p++) mp[p] = min_pairs(first, p, count);
+        for (int r = 0; r < rows; r++) {
+            const int32_t *xs = (const int32_t *)(sums + r * stride + g0); /* pairs of group sums */
+            __m512i mins = _mm512_setzero_si512();
+            for (int p = 0; p < pairs; p++) mins = _mm512_add_epi32(mins, _mm512_madd_epi16(mp[p], _mm512_set1_epi32(xs[p])));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), dd, acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), dm, acc[r]);
+        }
+        head = first + count * GROUP_BYTES;
+    }
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
+}
+
+/* Q4_1's form. */
+static inline __attribute__((always_inline)) void q4_column(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *b = blocks + g * BLOCK_BYTES;
-        ahead(b, BLOCK_BYTES);
+        const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
+        ahead(b, Q4_BLOCK_BYTES);
         __m512i w[8];
         nibbles(b, w);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
@@ -125,7 +191,7 @@ static inline __attribute__((always_inline)) void channel_block(
             __m512i d = _mm512_setzero_si512();
             for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
-            acc[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(group_sum[r * groups + g]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(group_sum[r * stride + g]), acc[r]);
         }
     }
     for (int r = 0; r < rows; r++)
@@ -134,9 +200,9 @@ static inline __attribute__((always_inline)) void channel_block(
 
 /* 6-bit: the nibble registers as above, each completed by its high bit pair; per
    16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
-static inline __attribute__((always_inline)) void channel_block6(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *part_sum, const float *row_scale,
-    int64_t k, int rows, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void q6k_column(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *part_sum, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     const __m512i pair = _mm512_set1_epi8(0x30);
@@ -159,7 +225,7 @@ static inline __attribute__((always_inline)) void channel_block6(
             for (int s = 0; s < 2; s++) {
                 __m512i d = _mm512_setzero_si512();
                 for (int f = 0; f < 4; f++) d = _mm512_dpbusd_epi32(d, w[4 * s + f], _mm512_set1_epi32(xr[4 * s + f]));
-                d = _mm512_sub_epi32(d, _mm512_set1_epi32(32 * (int32_t)part_sum[r * 2 * groups + 2 * g + s]));
+                d = _mm512_sub_epi32(d, _mm512_set1_epi32(32 * (int32_t)part_sum[r * stride + 2 * g + s]));
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc[s], acc[r]);
             }
         }
@@ -179,31 +245,115 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m2
     }
 }
 
-/* The same with AVX2 (no VNNI): each half of a block's 64 bytes holds 8 channels'
+/* A half group's 8 channels times a row's 32 int8 inputs (xr: as 8 int32 of 4 bytes)
+   as int16 pairs: channel j's two partial sums in lanes 2j and 2j+1. */
+static inline __attribute__((always_inline)) __m256i pair_sums(const __m256i w[8], const int32_t *xr) {
+    __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xr[0])),
+                                 _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xr[1])));
+    __m256i e = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(xr[2])),
+                                 _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(xr[3])));
+    d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(xr[4])));
+    e = _mm256_add_epi16(e, _mm256_maddubs_epi16(w[5], _mm256_set1_epi32(xr[5])));
+    d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[6], _mm256_set1_epi32(xr[6])));
+    e = _mm256_add_epi16(e, _mm256_maddubs_epi16(w[7], _mm256_set1_epi32(xr[7])));
+    return _mm256_add_epi16(d, e);
+}
+
+/* Q4_K with AVX2 (no VNNI): each half of a group's 64 bytes holds 8 channels'
    4 inputs; VPMADDUBSW multiplies the unsigned nibbles by the int8 inputs and adds
    pairs into int16, which sum over the group's 8 steps without overflow
-   (8 x 2 x 15 x 127 < 32768); VPMADDWD then joins each channel's two pairs. Same
-   integers and the same float steps as above, so the same results.
-   AVX2 has 16 registers: a whole block's nibbles (16) left none for the rows, and the
-   compiler spilled nibbles, scales and the rows' sums alike. So one half block (8
+   (8 x 2 x 15 x 127 < 32768); VPMADDWD then joins each channel's two pairs and
+   multiplies them by its sc in one instruction. Same integers and float steps as
+   above, so the same results.
+   AVX2 has 16 registers: a whole group's nibbles (16) left none for the rows, and
+   the compiler spilled nibbles and the rows' sums alike. So one half group (8
    registers) goes through all the rows before the other, and the rows' sums live
-   in L1 (a load and a store beside 8 multiplies). 28 Qwen2.5-1.5B-shaped layers'
-   products on an AVX2 Zen 4, two runs of scripts/kernel_ab.py --gemm --against
-   2d11600: 1 row as before (0.99-1.02 of its time), 3 / 4 / 8 rows 0.87-0.92 /
-   0.83-0.91 / 0.78-0.92 of it, 5 rows 0.79-1.02. The 6-bit path below shares its
-   inputs' broadcasts between the halves instead: split the same way it gained
-   nothing. */
-static inline __attribute__((always_inline)) void channel_block(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, const float *row_scale,
-    int64_t k, int rows, float *y, int64_t ldy) {
+   in L1 (a load and a store beside 8 multiplies). */
+static inline __attribute__((always_inline)) void q4k_column(
+    const uint8_t *column, int64_t groups, const int8_t *xq, const int16_t *sums, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    float partial[MAX_ROWS * 16] __attribute__((aligned(32)));  /* [row][channel]: the rows' results so far */
+    int32_t dot_sums[MAX_ROWS * 16] __attribute__((aligned(32))); /* the superblock's sc * dots so far */
+    float *accm = partial;
+    int32_t *dots = dot_sums;
+    __asm__("" : "+r"(accm)); /* opaque: kept in L1, not 16 registers the halves' nibbles need */
+    __asm__("" : "+r"(dots));
+    for (int i = 0; i < rows * 16; i += 8) {
+        _mm256_store_ps(accm + i, _mm256_setzero_ps());
+        _mm256_store_si256((__m256i *)(dots + i), _mm256_setzero_si256());
+    }
+    /* sc (8 channels' bytes, in both 128-bit lanes) -> int16 pairs (sc_j, sc_j) */
+    const __m256i twice = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                           4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+    const uint8_t *head = column;
+    for (int64_t g0 = 0; g0 < groups; g0 += SUPER_GROUPS) {
+        int count = groups - g0 < SUPER_GROUPS ? (int)(groups - g0) : SUPER_GROUPS;
+        const uint8_t *first = head + SUPER_HEAD;
+        for (int i = 0; i < count; i++) {
+            const uint8_t *b = first + i * GROUP_BYTES;
+            ahead(b, GROUP_BYTES);
+            for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
+                __m256i w[8];
+                nibbles(b + 32 * h, w);
+                __m256i sc = _mm256_shuffle_epi8(
+                    _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)(b + 256 + 8 * h))), twice);
+                const int8_t *xg = xq + (g0 + i) * GROUP;
+                __asm__("" : "+r"(xg)); /* no sharing of the rows' broadcasts between halves */
+                for (int r = 0; r < rows; r++) {
+                    __m256i pairs = pair_sums(w, (const int32_t *)(xg + r * k));
+                    __m256i *a = (__m256i *)(dots + r * 16 + 8 * h);
+                    _mm256_store_si256(a, _mm256_add_epi32(_mm256_load_si256(a), _mm256_madd_epi16(pairs, sc)));
+                }
+            }
+        }
+        int pairs = (count + 1) / 2;
+        for (int h = 0; h < 2; h++) {
+            __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
+            __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 32 + 16 * h)));
+            __m256i mp[SUPER_GROUPS / 2]; /* as min_pairs above, channels 8h..8h+7 */
+            for (int p = 0; p < pairs; p++) {
+                __m128i m0 = _mm_loadu_si128((const __m128i *)(first + 2 * p * GROUP_BYTES + 272));
+                __m128i m1 = 2 * p + 1 < count
+                                 ? _mm_loadu_si128((const __m128i *)(first + (2 * p + 1) * GROUP_BYTES + 272))
+                                 : _mm_setzero_si128();
+                mp[p] = _mm256_cvtepu8_epi16(h ? _mm_unpackhi_epi8(m0, m1) : _mm_unpacklo_epi8(m0, m1));
+            }
+            for (int r = 0; r < rows; r++) {
+                const int32_t *xs = (const int32_t *)(sums + r * stride + g0);
+                __m256i mins = _mm256_setzero_si256();
+                for (int p = 0; p < pairs; p++)
+                    mins = _mm256_add_epi32(mins, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(xs[p])));
+                __m256i *dr = (__m256i *)(dots + r * 16 + 8 * h);
+                float *a = accm + r * 16 + 8 * h;
+                __m256 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(dr)), dd, _mm256_load_ps(a));
+                _mm256_store_ps(a, _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), dm, acc));
+                _mm256_store_si256(dr, _mm256_setzero_si256());
+            }
+        }
+        head = first + count * GROUP_BYTES;
+    }
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(_mm256_load_ps(accm + r * 16 + 8 * h),
+                                                                _mm256_set1_ps(row_scale[r])));
+}
+/* Q4_1's form with AVX2: q4k_column's loop with a float step per group. (Split into
+   halves as there: 28 Qwen2.5-1.5B-shaped layers' products on an AVX2 Zen 4, two
+   runs of scripts/kernel_ab.py --gemm --against 2d11600, 3 / 4 / 8 rows took
+   0.87-0.92 / 0.83-0.91 / 0.78-0.92 of the unsplit loop's time, 1 row the same.
+   The 6-bit path below shares its inputs' broadcasts between the halves instead:
+   split the same way it gained nothing.) */
+static inline __attribute__((always_inline)) void q4_column(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     float partial[MAX_ROWS * 16] __attribute__((aligned(32))); /* [row][channel]: the rows' results so far, in L1 */
     float *accm = partial;
     __asm__("" : "+r"(accm)); /* opaque: kept in memory, not 16 registers the halves' nibbles need */
     for (int i = 0; i < rows * 16; i += 8) _mm256_store_ps(accm + i, _mm256_setzero_ps());
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *b = blocks + g * BLOCK_BYTES;
-        ahead(b, BLOCK_BYTES);
+        const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
+        ahead(b, Q4_BLOCK_BYTES);
         for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
             __m256i w[8];
             nibbles(b + 32 * h, w);
@@ -212,19 +362,11 @@ static inline __attribute__((always_inline)) void channel_block(
             const int8_t *xg = xq + g * GROUP;
             __asm__("" : "+r"(xg)); /* no sharing of the rows' broadcasts between halves */
             for (int r = 0; r < rows; r++) {
-                const int32_t *xr = (const int32_t *)(xg + r * k);
-                __m256i d = _mm256_add_epi16(_mm256_maddubs_epi16(w[0], _mm256_set1_epi32(xr[0])),
-                                             _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(xr[1])));
-                __m256i e = _mm256_add_epi16(_mm256_maddubs_epi16(w[2], _mm256_set1_epi32(xr[2])),
-                                             _mm256_maddubs_epi16(w[3], _mm256_set1_epi32(xr[3])));
-                d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[4], _mm256_set1_epi32(xr[4])));
-                e = _mm256_add_epi16(e, _mm256_maddubs_epi16(w[5], _mm256_set1_epi32(xr[5])));
-                d = _mm256_add_epi16(d, _mm256_maddubs_epi16(w[6], _mm256_set1_epi32(xr[6])));
-                e = _mm256_add_epi16(e, _mm256_maddubs_epi16(w[7], _mm256_set1_epi32(xr[7])));
-                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(d, e), ones));
+                __m256i pairs = pair_sums(w, (const int32_t *)(xg + r * k));
+                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
                 float *a = accm + r * 16 + 8 * h;
                 __m256 acc = _mm256_fmadd_ps(dot, s, _mm256_load_ps(a));
-                _mm256_store_ps(a, _mm256_fmadd_ps(z, _mm256_set1_ps(group_sum[r * groups + g]), acc));
+                _mm256_store_ps(a, _mm256_fmadd_ps(z, _mm256_set1_ps(group_sum[r * stride + g]), acc));
             }
         }
     }
@@ -235,9 +377,9 @@ static inline __attribute__((always_inline)) void channel_block(
 }
 /* 6-bit with AVX2: pair sums of two steps fit int16 (2 x 2 x 63 x 127 < 32768);
    same integers and float steps as the AVX-512 path. */
-static inline __attribute__((always_inline)) void channel_block6(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *part_sum, const float *row_scale,
-    int64_t k, int rows, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void q6k_column(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *part_sum, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
@@ -263,7 +405,7 @@ static inline __attribute__((always_inline)) void channel_block6(
             for (int s = 0; s < 2; s++) {
                 __m256i x0 = _mm256_set1_epi32(xr[4 * s]), x1 = _mm256_set1_epi32(xr[4 * s + 1]);
                 __m256i x2 = _mm256_set1_epi32(xr[4 * s + 2]), x3 = _mm256_set1_epi32(xr[4 * s + 3]);
-                __m256i shift = _mm256_set1_epi32(32 * (int32_t)part_sum[r * 2 * groups + 2 * g + s]);
+                __m256i shift = _mm256_set1_epi32(32 * (int32_t)part_sum[r * stride + 2 * g + s]);
                 for (int h = 0; h < 2; h++) {
                     const __m256i *ws = w[h] + 4 * s;
                     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ws[0], x0), _mm256_maddubs_epi16(ws[1], x1));
@@ -281,21 +423,35 @@ static inline __attribute__((always_inline)) void channel_block6(
 }
 #endif
 
-#define ROWS_CASE(R, BLOCK, SUMS)                                                               \
-    case R:                                                                                     \
-        BLOCK(blocks, groups, xq + r0 * k, sums + r0 * (SUMS), row_scale + r0, k, R, y + r0 * ldy + c * CHANNELS, \
-              ldy);                                                                             \
+#define ROWS_CASE(R, COLUMN)                                                                               \
+    case R:                                                                                                \
+        COLUMN(column, groups, xq + r0 * k, sums + r0 * stride, stride, row_scale + r0, k, R,              \
+               y + r0 * ldy + c * CHANNELS, ldy);                                                          \
         break;
+#define ROWS(COLUMN)                                                                                       \
+    switch (rows) {                                                                                        \
+        ROWS_CASE(1, COLUMN) ROWS_CASE(2, COLUMN) ROWS_CASE(3, COLUMN) ROWS_CASE(4, COLUMN)                \
+        ROWS_CASE(5, COLUMN) ROWS_CASE(6, COLUMN) ROWS_CASE(7, COLUMN) ROWS_CASE(8, COLUMN)                \
+    }
 
-/* x [m, k] float32 times `bits`-bit weights (4 or 6) [n, k] into y [m, ldy] columns
-   0..n-1; k a multiple of 32, n of 16. Returns 0, or -1 when out of memory. */
-int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+/* x [m, k] float32 times weights [n, k] in layout `kind` (int4_gemm.h) into y [m, ldy]
+   columns 0..n-1; k a multiple of 32, n of 16. Returns 0, or -1 when out of memory
+   or for an unknown layout. */
+int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
                 int64_t ldy, int threads, const Beside *beside) {
-    int64_t groups = k / GROUP, width = bits == 6 ? 16 : GROUP, per_row = k / width;
-    int64_t block_bytes = bits == 6 ? Q6_BLOCK_BYTES : BLOCK_BYTES;
+    int64_t groups = k / GROUP, supers = (groups + SUPER_GROUPS - 1) / SUPER_GROUPS, column_bytes;
+    switch (kind) {
+    case LAYOUT_Q4_1: column_bytes = groups * Q4_BLOCK_BYTES; break;
+    case LAYOUT_Q4_K: column_bytes = supers * SUPER_HEAD + groups * GROUP_BYTES; break;
+    case LAYOUT_Q6_K: column_bytes = groups * Q6_BLOCK_BYTES; break;
+    default: return -1;
+    }
+    int64_t width = kind == LAYOUT_Q6_K ? 16 : GROUP, per_row = k / width;
+    /* A row's sums, padded with a zero to an even count: the Q4_K kernel reads them in pairs. */
+    int64_t stride = per_row + per_row % 2;
     int8_t *xq = (int8_t *)malloc((size_t)(m * k));
     float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
-    float *sums = (float *)malloc(sizeof(float) * (size_t)(m * per_row));
+    int16_t *sums = (int16_t *)calloc((size_t)(m * stride), sizeof(int16_t));
     if (!xq || !row_scale || !sums) {
         free(xq), free(row_scale), free(sums);
         return -1;
@@ -304,7 +460,7 @@ int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
 #pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, the columns, what runs beside */
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < m; r++) quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * per_row, width);
+        for (int64_t r = 0; r < m; r++) quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * stride, width);
         if (beside) {
 #pragma omp for schedule(static) nowait
             for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
@@ -312,23 +468,15 @@ int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < columns; c++) {
-            const uint8_t *blocks = weights + c * groups * block_bytes;
+            const uint8_t *column = weights + c * column_bytes;
             for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
                 int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
-                if (bits == 6) {
-                    switch (rows) {
-                        ROWS_CASE(1, channel_block6, per_row) ROWS_CASE(2, channel_block6, per_row)
-                        ROWS_CASE(3, channel_block6, per_row) ROWS_CASE(4, channel_block6, per_row)
-                        ROWS_CASE(5, channel_block6, per_row) ROWS_CASE(6, channel_block6, per_row)
-                        ROWS_CASE(7, channel_block6, per_row) ROWS_CASE(8, channel_block6, per_row)
-                    }
+                if (kind == LAYOUT_Q4_K) {
+                    ROWS(q4k_column)
+                } else if (kind == LAYOUT_Q6_K) {
+                    ROWS(q6k_column)
                 } else {
-                    switch (rows) {
-                        ROWS_CASE(1, channel_block, per_row) ROWS_CASE(2, channel_block, per_row)
-                        ROWS_CASE(3, channel_block, per_row) ROWS_CASE(4, channel_block, per_row)
-                        ROWS_CASE(5, channel_block, per_row) ROWS_CASE(6, channel_block, per_row)
-                        ROWS_CASE(7, channel_block, per_row) ROWS_CASE(8, channel_block, per_row)
-                    }
+                    ROWS(q4_column)
                 }
             }
         }
@@ -341,12 +489,7 @@ int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *w
     return 0;
 }
 
-int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
+int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
             int threads) {
-    return gemm_beside(4, x, m, k, weights, n, y, ldy, threads, NULL);
-}
-
-int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
-            int threads) {
-    return gemm_beside(6, x, m, k, weights, n, y, ldy, threads, NULL);
+    return gemm_beside(kind, x, m, k, weights, n, y, ldy, threads, NULL);
 }

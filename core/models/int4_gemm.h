@@ -14,10 +14,13 @@ typedef struct {
     void *ctx;
 } Beside;
 
-int q4_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
-            int threads);
-int q6_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
-            int threads);
-/* Either product (bits 4 or 6) with `beside` (NULL: nothing) run along. */
-int gemm_beside(int bits, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+/* The weights' layouts (int4_gemm.c), numbered as GGML numbers the quantization
+   each holds: 4 bits in groups of 32 with an fp16 scale and offset each (Q4_1's
+   form, int4.fit's), Q4_K's superblocks, Q6_K's blocks. */
+enum { LAYOUT_Q4_1 = 3, LAYOUT_Q4_K = 12, LAYOUT_Q6_K = 14 };
+
+int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+            int64_t ldy, int threads);
+/* The product with `beside` (NULL: nothing) run along. */
+int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
                 int64_t ldy, int threads, const Beside *beside);

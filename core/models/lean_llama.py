@@ -28,10 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
-from .int4 import DecoderStack, Int4Linear, q4_mm, runs_in_stack
+from .int4 import Q4_1, DecoderStack, Int4Linear, q4_mm, runs_in_stack
 from .int4 import fit as int4_fit
 from .int4 import join as int4_join
-from .int4 import pack as pack_int4
 from .int4 import unavailable as int4_unavailable
 from .quantize import int8_mm, pack_int8
 
@@ -80,7 +79,7 @@ class DraftLinear:
             weight = weight + torch.cat([b @ a for a, b in low_rank]).to(weight.dtype)
             low_rank = None
         self.out_features = weight.shape[0]
-        self.packed4 = pack_int4(*four) if four else None  # a quantized layer keeps only its packed copy
+        self.packed4 = four.packed() if four else None  # a quantized layer keeps only its packed copy
         self.packed = pack_int8(weight) if int8 and four is None else None
         self.weight = None if int8 else weight
         # (a of every part stacked, b^T of every part side by side, where each
@@ -93,12 +92,12 @@ class DraftLinear:
 
     @property
     def kernel_weights(self) -> tuple[torch.Tensor, int] | None:
-        """(packed weights, 4) for DecoderStack; None: not 4-bit."""
-        return None if self.packed4 is None else (self.packed4, 4)
+        """(packed weights, layout) for DecoderStack; None: not 4-bit."""
+        return None if self.packed4 is None else (self.packed4, Q4_1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed4 is not None:
-            y = q4_mm(x, self.packed4, self.out_features).to(x.dtype)
+            y = q4_mm(x, self.packed4, self.out_features, Q4_1).to(x.dtype)
         elif self.packed is not None:
             y = int8_mm(x, self.packed).to(x.dtype)
         else:
@@ -198,12 +197,12 @@ class LeanLlama:
 
     def _joined(self, *modules) -> Projection:
         """The model's projections of one input side by side: each run of 4-bit ones
-        as one product (int4.join, sharing their weights), the others called as
-        they are."""
+        of one layout as one product (int4.join, sharing their weights), the others
+        called as they are."""
         parts: list = []
         for m in modules:
             four = isinstance(m, Int4Linear) and m.bits == 4 and self.dtype == torch.float32
-            if four and parts and isinstance(parts[-1], list):
+            if four and parts and isinstance(parts[-1], list) and parts[-1][0].kind == m.kind:
                 parts[-1].append(m)
             else:
                 parts.append([m] if four else self._own(m))
