@@ -1,7 +1,7 @@
-/* The AVX-512 intrinsics core/models/int4_gemm.c uses, emulated lane by lane on an
-   AVX2 CPU, so that its AVX-512 VNNI paths run (slowly) where AVX-512 does not:
-   tests/test_int4.py builds the kernel with `-include` of this file and checks its
-   bits against the AVX2 build's. Each emulation does what the instruction does to
+/* The AVX-512 intrinsics core/models/int4_gemm.c and decoder_stack.c use, emulated
+   lane by lane on an AVX2 CPU, so that their AVX-512 paths run (slowly) where
+   AVX-512 does not: tests/test_int4.py builds the kernels with `-include` of this
+   file and checks them against the AVX2 build. Each emulation does what the instruction does to
    the values the kernel gives it (same rounding: fmaf rounds once, as VFMADD does;
    float conversions round to nearest even, as the default MXCSR does). */
 #include <immintrin.h>
@@ -23,7 +23,15 @@ E E512i e_loadu_si512(const void *p) { E512i r; memcpy(&r, p, 64); return r; }
 E void e_storeu_ps(float *p, E512 v) { memcpy(p, &v, 64); }
 
 #define LANES(T, n, expr) { T r; for (int i = 0; i < (n); i++) expr; return r; }
+E E512 e_add_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] + b.f[i])
+E E512 e_sub_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] - b.f[i])
 E E512 e_mul_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] * b.f[i])
+E E512 e_div_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] / b.f[i])
+E E512 e_min_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] < b.f[i] ? a.f[i] : b.f[i])
+E E512 e_roundscale_ps(E512 a, int mode) LANES(E512, 16, r.f[i] = nearbyintf(a.f[i]) + 0 * mode) /* to nearest */
+E E512 e_scalef_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = ldexpf(a.f[i], (int)floorf(b.f[i])))
+E E512 e_maskz_loadu_ps(__mmask16 m, const float *p) LANES(E512, 16, r.f[i] = (m >> i) & 1 ? p[i] : 0.0f)
+E E512 e_mask_blend_ps(__mmask16 m, E512 a, E512 b) LANES(E512, 16, r.f[i] = (m >> i) & 1 ? b.f[i] : a.f[i])
 E E512 e_max_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] > b.f[i] ? a.f[i] : b.f[i])
 E E512 e_abs_ps(E512 a) LANES(E512, 16, r.f[i] = fabsf(a.f[i]))
 E E512 e_fmadd_ps(E512 a, E512 b, E512 c) LANES(E512, 16, r.f[i] = fmaf(a.f[i], b.f[i], c.f[i]))
@@ -42,6 +50,17 @@ E E512i e_madd_epi16(E512i a, E512i b)
 E E512i e_dpbusd_epi32(E512i src, E512i a, E512i b) /* a's bytes unsigned, b's signed */
     LANES(E512i, 16, { r.i[i] = src.i[i]; for (int j = 0; j < 4; j++) r.i[i] += a.b[4 * i + j] * (int8_t)b.b[4 * i + j]; })
 
+E void e_mask_storeu_ps(float *p, __mmask16 m, E512 v) {
+    for (int i = 0; i < 16; i++)
+        if ((m >> i) & 1) p[i] = v.f[i];
+}
+/* GCC's own order: the halves added, then their halves, then pairs. */
+E float e_reduce_add_ps(E512 a) {
+    float t[8], u[4];
+    for (int i = 0; i < 8; i++) t[i] = a.f[i + 8] + a.f[i];
+    for (int i = 0; i < 4; i++) u[i] = t[i + 4] + t[i];
+    return (u[0] + u[2]) + (u[1] + u[3]);
+}
 E float e_reduce_max_ps(E512 a) { float m = a.f[0]; for (int i = 1; i < 16; i++) m = a.f[i] > m ? a.f[i] : m; return m; }
 E int32_t e_reduce_add_epi32(E512i a) { uint32_t s = 0; for (int i = 0; i < 16; i++) s += (uint32_t)a.i[i]; return (int32_t)s; }
 E __m128i e_cvtepi32_epi8(E512i a) { /* VPMOVDB: truncation */
@@ -70,7 +89,17 @@ E E512i e_cvtepu8_epi16(__m256i v) { uint8_t b[32]; _mm256_storeu_si256((__m256i
 #define _mm512_loadu_ps e_loadu_ps
 #define _mm512_loadu_si512 e_loadu_si512
 #define _mm512_storeu_ps e_storeu_ps
+#define _mm512_add_ps e_add_ps
+#define _mm512_sub_ps e_sub_ps
 #define _mm512_mul_ps e_mul_ps
+#define _mm512_div_ps e_div_ps
+#define _mm512_min_ps e_min_ps
+#define _mm512_roundscale_ps e_roundscale_ps
+#define _mm512_scalef_ps e_scalef_ps
+#define _mm512_maskz_loadu_ps e_maskz_loadu_ps
+#define _mm512_mask_storeu_ps e_mask_storeu_ps
+#define _mm512_mask_blend_ps e_mask_blend_ps
+#define _mm512_reduce_add_ps e_reduce_add_ps
 #define _mm512_max_ps e_max_ps
 #define _mm512_abs_ps e_abs_ps
 #define _mm512_fmadd_ps e_fmadd_ps

@@ -92,28 +92,61 @@ def test_every_instruction_set_gives_the_same_bits():
         assert all(torch.equal(results[0], other) for other in results[1:])
 
 
-@pytest.mark.skipif("avx2" not in int4.runnable_isas() or shutil.which("cc") is None, reason="needs AVX2 and cc")
-def test_the_avx512_paths_give_the_avx2_paths_bits_under_emulation(tmp_path):
-    """On a CPU without AVX-512 (most desktops, and the AVX2 machines that run
-    these tests) the AVX-512 VNNI paths still get checked: built with every
-    AVX-512 intrinsic emulated lane by lane (tests/avx512_emulation.h), they must
-    compute the AVX2 build's bits."""
-    source = Path(int4.__file__).with_name("int4_gemm.c")
-    built = tmp_path / "emulated.so"
+@pytest.fixture(scope="module")
+def emulated_avx512(tmp_path_factory):
+    """The kernels built with their AVX-512 paths and every AVX-512 intrinsic
+    emulated lane by lane (tests/avx512_emulation.h): on a CPU without AVX-512 (most
+    desktops, and the AVX2 machines that run these tests) those paths still get
+    checked."""
+    if "avx2" not in int4.runnable_isas() or shutil.which("cc") is None:
+        pytest.skip("needs AVX2 and cc")
+    built = tmp_path_factory.mktemp("emulated") / "kernels.so"
     subprocess.run(["cc", "-O1", "-fopenmp", "-shared", "-fPIC", *int4.ISAS["avx2"][1], "-include",
-                    str(Path(__file__).with_name("avx512_emulation.h")), str(source), "-o", str(built), "-lm"],
-                   check=True, capture_output=True)
-    lib = ctypes.CDLL(str(built))
+                    str(Path(__file__).with_name("avx512_emulation.h")), *map(str, int4._SOURCES),
+                    "-o", str(built), "-lm"], check=True, capture_output=True)
+    return int4.bind(ctypes.CDLL(str(built)))
+
+
+def test_the_avx512_products_give_the_avx2_products_bits_under_emulation(emulated_avx512, monkeypatch):
+    """Both builds compute the same integers and float steps: the same bits, for
+    each layout, row counts around the 8-row blocks, a row ending in a short
+    superblock."""
+    cases = []
     for form in (_layer(), _layer_k(), _layer_k(k=352), _layer6()):
-        k, packed = form.q.shape[1], form.packed()
         for m in (1, 3, 8, 13):
-            x = torch.randn(m, k)
-            want = int4.q4_mm(x, packed, 256, form.kind, "avx2")
-            got = torch.empty(m, 256)
-            assert lib.q4_gemm(ctypes.c_int(form.kind), ctypes.c_void_p(x.data_ptr()), ctypes.c_int64(m),
-                               ctypes.c_int64(k), ctypes.c_void_p(packed.data_ptr()), ctypes.c_int64(256),
-                               ctypes.c_void_p(got.data_ptr()), ctypes.c_int64(256), ctypes.c_int(1)) == 0
-            assert torch.equal(got, want), (form.kind, k, m)
+            x = torch.randn(m, form.q.shape[1])
+            cases.append((x, form, int4.q4_mm(x, form.packed(), 256, form.kind, "avx2")))
+    monkeypatch.setattr(int4, "_library", lambda isa=None: emulated_avx512)
+    for x, form, want in cases:
+        assert torch.equal(int4.q4_mm(x, form.packed(), 256, form.kind), want), (form.kind, x.shape)
+
+
+def test_the_avx512_decoder_stack_computes_what_the_avx2_one_does_under_emulation(
+        emulated_avx512, qwen_tok, monkeypatch):
+    """The decoder stack's AVX-512 vector layer (norms, RoPE, attention's softmax,
+    masked tails) against the AVX2 one on a Q4_K_M-like target and an adapted
+    drafter: the same up to the order of float sums (16 lanes against 8)."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    target = tiny_qwen2(len(qwen_tok), seed=6)
+    quantize_int8(target, _file_like)
+    drafter = tiny_qwen2(len(qwen_tok), seed=3)
+    nets = [TargetRunner(target).net, LeanLlama(drafter, int8=True, int4=True, adapter=_adapter(drafter))]
+    assert all(net.stack is not None for net in nets)
+
+    def run() -> list[torch.Tensor]:
+        out = []
+        for net in nets:
+            net.reset()
+            out += [net.forward(list(range(100, 137)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11, 12])[0]]
+        return out
+
+    want = run()
+    monkeypatch.setattr(int4, "_library", lambda isa=None: emulated_avx512)
+    for got, expected in zip(run(), want):
+        torch.testing.assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4)
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():

@@ -53,7 +53,6 @@ from ..storage.paths import cache_dir
 GROUP = 32  # inputs per 4-bit sub-scale and min
 SUPER = 256  # inputs per superblock: one fp16 d and dmin (a Q4_K block)
 CHANNELS = 16  # output channels per block
-Q6_BLOCK_BYTES = 448  # 16 x 32 nibbles + their high bit pairs + 32 fp16 scales
 Q6_PART = 16  # inputs per 6-bit scale
 # The 4-bit product, and the drafter's whole decoder stack built on it; the header
 # they share counts toward the build's tag.
@@ -118,7 +117,12 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
             if done.returncode != 0:
                 return KernelUnavailable(f"the 4-bit kernel did not build: {done.stderr.strip()[-300:]}")
             out.replace(built)  # atomic: a second process never loads half a file
-    lib = ctypes.CDLL(str(built))
+    return bind(ctypes.CDLL(str(built)))
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The kernels' entry points typed for ctypes (a build loaded from anywhere:
+    tests load an emulated one)."""
     lib.q4_gemm.restype = ctypes.c_int
     lib.q4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
@@ -235,10 +239,10 @@ def fit(weight: torch.Tensor) -> Q4 | None:
 
 def fit_q4_k(weight: torch.Tensor) -> Q4K | None:
     """Any weight rounded onto Q4_K's grid, more coarsely than llama.cpp's quantizer
-    (tests build Q4_K_M-like targets from it): per group of 32 inputs the range from min(least, 0)
-    to the largest value in 15 steps, the steps and the mins then rounded up onto
-    their superblock's 6-bit grids (up, so the group's range stays covered). None
-    when the shape does not fit the kernel."""
+    (tests build Q4_K_M-like targets from it): per group of 32 inputs the range
+    from min(least, 0) to the largest value in 15 steps, the steps and the mins
+    then rounded up onto their superblock's 6-bit grids (up, so the group's range
+    stays covered). None when the shape does not fit the kernel."""
     n, k = weight.shape
     if n % CHANNELS or k % GROUP:
         return None
@@ -254,9 +258,9 @@ def fit_q4_k(weight: torch.Tensor) -> Q4K | None:
         return unit, steps.view(n, -1)[:, :groups].to(torch.uint8)
 
     dmin, m = six_bit(-lo)
-    offset = -(dmin.float().repeat_interleave(SUPER // GROUP, 1)[:, :groups] * m)
+    offset = -_per_group(dmin, groups) * m
     d, sc = six_bit((hi - offset) / 15)
-    scale = d.float().repeat_interleave(SUPER // GROUP, 1)[:, :groups] * sc
+    scale = _per_group(d, groups) * sc
     q = ((w - offset[..., None]) / scale.clamp(min=1e-30)[..., None]).round().clamp(0, 15)
     return Q4K(q.to(torch.uint8).view(n, k), d, dmin, sc, m)
 
