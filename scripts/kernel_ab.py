@@ -5,13 +5,14 @@ adapter on all seven projections, and what the adapter adds, for each build.
 
 With --gemm: the 4-bit products of 28 Qwen2.5-1.5B-shaped layers (as
 scripts/kernel_rows.py --layers) for 1 to 8 rows, the fastest of --reps passes
-each (--bits 6: the 6-bit products). Each build gets weights packed by its own
+each (--bits 6: the 6-bit products; --shapes gemma: Gemma-3-270M's Q4_K ones). Each build gets weights packed by its own
 revision's int4.py, so a layout change is measured too; where both revisions
 pack alike, the two builds' results are checked equal.
 
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --against 2f25811 [--reps 600]
     (the drafter's forward: revisions whose kernels take the same arguments)
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --against 2d11600 [--reps 7]
+    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --shapes gemma --against b5b0880 --reps 200
 """
 
 from __future__ import annotations
@@ -83,37 +84,46 @@ def product(module, x: torch.Tensor, packed: torch.Tensor, n: int, bits: int) ->
     return module.q4_mm(x, packed, n, bits=bits)
 
 
-def gemm_ab(modules: dict, reps: int, bits: int) -> None:
+# The 4-bit (Q4_K) products of a target's file: Qwen2.5-1.5B's 28 layers (as
+# kernel_rows.py --layers), or Gemma-3-270M's file's Q4_K tensors (18 attention
+# outputs, 9 MLP down projections; its other layers are Q5_0 / Q8_0, run in int8).
+SHAPES = {"qwen": [shape for _ in range(28) for shape in QWEN_LAYER],
+          "gemma": [(1024, 640)] * 18 + [(2048, 640)] * 9}
+
+
+def gemm_ab(modules: dict, reps: int, bits: int, shapes: str) -> None:
     g = torch.Generator().manual_seed(0)
-    layers = {lib: [[(random_weights(module, n, k, bits, g), k, n) for k, n in QWEN_LAYER] for _ in range(28)]
+    layers = {lib: [(random_weights(module, n, k, bits, g), k, n) for k, n in SHAPES[shapes]]
               for lib, module in modules.items()}
-    xs = {(m, k): torch.randn(m, k, generator=g) for m in STREAM_ROWS for k in (1536, 8960)}
-    best = {(lib, m): float("inf") for lib in modules for m in STREAM_ROWS}
+    rows = STREAM_ROWS if shapes == "qwen" else (1, 3, 5)
+    xs = {(m, k): torch.randn(m, k, generator=g) for m in rows for k, _ in set(SHAPES[shapes])}
+    best = {(lib, m): float("inf") for lib in modules for m in rows}
     for _ in range(reps):
-        for m in STREAM_ROWS:
+        for m in rows:
             for lib, module in modules.items():
                 start = time.perf_counter()
-                for layer in layers[lib]:
-                    for packed, k, n in layer:
-                        product(module, xs[m, k], packed, n, bits)
+                for packed, k, n in layers[lib]:
+                    product(module, xs[m, k], packed, n, bits)
                 best[lib, m] = min(best[lib, m], time.perf_counter() - start)
     packed = []
     for module in modules.values():  # the same random weights in each revision's layout
         packed.append(random_weights(module, 2048, 1536, bits, torch.Generator().manual_seed(1)))
     same_layout = torch.equal(*packed)
-    for m in STREAM_ROWS if same_layout else ():  # then the same bits from both builds
-        got = [product(module, xs[m, 1536], packed[0], 2048, bits) for module in modules.values()]
+    for m in rows if same_layout else ():  # then the same bits from both builds
+        x = torch.randn(m, 1536, generator=g)
+        got = [product(module, x, packed[0], 2048, bits) for module in modules.values()]
         if not torch.equal(*got):
             raise SystemExit(f"the builds differ at {m} rows")
     for lib in modules:
-        total = sum(p.numel() for layer in layers[lib] for p, _, _ in layer)
+        total = sum(p.numel() for p, _, _ in layers[lib])
         print(f"{lib}: {total / 1e6:.0f} MB of {bits}-bit weights")
     if not same_layout:
         print("the revisions pack the weights differently: results not compared")
     names = list(modules)
-    print(f"{bits}-bit products of 28 layers, {torch.get_num_threads()} threads, fastest of {reps}: ms a pass")
+    print(f"{bits}-bit products of {shapes}'s layers, {torch.get_num_threads()} threads, fastest of {reps}: "
+          "ms a pass")
     print(f"{'rows':>4} {names[0]:>14} {names[1]:>14} {'ratio':>7}")
-    for m in STREAM_ROWS:
+    for m in rows:
         a, b = (1000 * best[lib, m] for lib in names)
         print(f"{m:>4} {a:>14.2f} {b:>14.2f} {b / a:>7.3f}")
 
@@ -124,6 +134,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="default 600, or 7 with --gemm")
     parser.add_argument("--gemm", action="store_true", help="time the target-shaped products instead")
     parser.add_argument("--bits", type=int, choices=(4, 6), default=4)
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="qwen", help="whose products --gemm times")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp)
@@ -137,7 +148,7 @@ def main() -> None:
     if args.gemm:
         for lib, module in modules.items():
             module._library = lambda isa=None, built=libs[lib]: built
-        gemm_ab(modules, args.reps or 7, args.bits)
+        gemm_ab(modules, args.reps or 7, args.bits, args.shapes)
         return
     build_lib = int4._library
     current = {"lib": libs[args.against]}
