@@ -30,7 +30,7 @@ to 4 bits (fit), where only acceptance depends on the rounding.
 Each form (Q4: Q4_1's scale and offset per 32, fit's; Q4K; Q6) packs itself into
 its kernel layout and names it by its GGML type (kind). Q4_K keeps the file's
 superblocks (fp16 d and dmin per 256 inputs, 6-bit sc and m per 32) rather than
-an fp16 scale per group: exact, 8% fewer bytes, and one float step per 256 inputs
+an fp16 scale per group: exact, 7.5% fewer bytes, one float step per 256 inputs
 instead of per 32 in the kernel (docs/speed.md).
 """
 
