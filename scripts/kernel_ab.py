@@ -5,9 +5,10 @@ adapter on all seven projections, and what the adapter adds, for each build.
 
 With --gemm: the 4-bit products of 28 Qwen2.5-1.5B-shaped layers (as
 scripts/kernel_rows.py --layers) for 1 to 8 rows, the fastest of --reps passes
-each (--bits 6: the 6-bit products; --shapes gemma: Gemma-3-270M's Q4_K ones). Each build gets weights packed by its own
-revision's int4.py, so a layout change is measured too; where both revisions
-pack alike, the two builds' results are checked equal.
+each (--bits 6: the 6-bit products; --shapes gemma: Gemma-3-270M's Q4_K ones).
+Each build gets weights packed by its own revision's int4.py, so a layout change
+is measured too; where both revisions pack alike, the two builds' results are
+checked equal.
 
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --against 2f25811 [--reps 600]
     (the drafter's forward: revisions whose kernels take the same arguments)
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 from adapter_cost import ALL, random_adapter
-from kernel_rows import QWEN_LAYER, STREAM_ROWS
+from kernel_rows import QWEN_LAYER, STREAM_ROWS, random_packed
 from omnidraft.core.models import int4
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.lean_llama import LeanLlama
@@ -70,11 +71,7 @@ def random_weights(module, n: int, k: int, bits: int, g: torch.Generator) -> tor
             return module.pack6(*q6)
         return module.pack(codes(16, k), (torch.rand(n, k // 32, generator=g) * 0.01).half(),
                            (-torch.rand(n, k // 32, generator=g) * 0.05).half())
-    if bits == 6:
-        return module.Q6(*q6).packed()
-    supers = -(-k // 256)
-    return module.Q4K(codes(16, k), (torch.rand(n, supers, generator=g) * 1e-3).half(),
-                      (torch.rand(n, supers, generator=g) * 1e-3).half(), codes(64, k // 32), codes(64, k // 32)).packed()
+    return module.Q6(*q6).packed() if bits == 6 else random_packed(n, k, g, module)
 
 
 def product(module, x: torch.Tensor, packed: torch.Tensor, n: int, bits: int) -> torch.Tensor:

@@ -26,10 +26,12 @@ STREAM_ROWS = (1, 2, 3, 4, 5, 8)
 QWEN_LAYER = ((1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536))
 
 
-def random_packed(n: int, k: int, g: torch.Generator) -> torch.Tensor:
-    """Random n x k weights in Q4_K's layout, as a Q4_K_M target's 4-bit layers."""
+def random_packed(n: int, k: int, g: torch.Generator, module=int4) -> torch.Tensor:
+    """Random n x k weights in Q4_K's layout, as a Q4_K_M target's 4-bit layers
+    (module: the int4.py to pack them with; scripts/kernel_ab.py passes a
+    revision's own)."""
     supers = -(-k // 256)
-    return int4.Q4K(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+    return module.Q4K(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
                     (torch.rand(n, supers, generator=g) * 1e-3).half(), (torch.rand(n, supers, generator=g) * 1e-3).half(),
                     torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g),
                     torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g)).packed()

@@ -53,9 +53,9 @@ the cost of several rows (docs/speed.md).
 #define MAX_ROWS 8
 
 /* One row to int8 on its own scale (absmax / 127), and the sums of its int8 values
-   per `width` inputs (32, or 16 for the 6-bit layout; at most 32 x 127, an int16). CVTPS2DQ rounds to nearest,
-   ties to even, as nearbyintf does in the default mode, so the integers are those of
-   the plain loop. Vectorized and split between the threads: as a scalar loop on one
+   per `width` inputs (32, or 16 for the 6-bit layout; at most 32 x 127, an int16).
+   CVTPS2DQ rounds to nearest, ties to even, as nearbyintf does in the default mode,
+   so the integers are those of the plain loop. Vectorized and split between the threads: as a scalar loop on one
    thread it was a visible part of a long prompt's 8960-wide products. k: a
    multiple of 32. */
 static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, int16_t *sums, int64_t width) {
@@ -108,6 +108,16 @@ static inline __attribute__((always_inline)) void ahead(const uint8_t *b, int by
     for (int line = 0; line < bytes; line += 64) _mm_prefetch((const char *)b + PREFETCH + line, _MM_HINT_T0);
 }
 
+/* A Q4_K superblock's m of groups 2p and 2p+1 (0 past its last group) for channels
+   8h..8h+7, interleaved: byte 2j holds channel 8h+j's m of group 2p, byte 2j+1
+   its m of group 2p+1. first: the superblock's first group. */
+static inline __attribute__((always_inline)) __m128i min_pair_bytes(const uint8_t *first, int p, int count, int h) {
+    __m128i m0 = _mm_loadu_si128((const __m128i *)(first + 2 * p * GROUP_BYTES + 272));
+    __m128i m1 = 2 * p + 1 < count ? _mm_loadu_si128((const __m128i *)(first + (2 * p + 1) * GROUP_BYTES + 272))
+                                   : _mm_setzero_si128();
+    return h ? _mm_unpackhi_epi8(m0, m1) : _mm_unpacklo_epi8(m0, m1);
+}
+
 /* One block column of 16 channels for `rows` (1..8, a constant once inlined) rows. */
 #ifdef __AVX512VNNI__
 /* A block's nibbles as 8 registers of unsigned bytes: inputs 4t.. (t < 4, low
@@ -121,14 +131,12 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m5
     }
 }
 
-/* A superblock's mins as int16 pairs per channel (group 2p's m, group 2p+1's m;
-   0 past its last group): VPMADDWD with a row's pair of group sums gives the
-   channel's m * sum for both groups. */
+/* A superblock's mins as int16 pairs per channel (group 2p's m, group 2p+1's m):
+   VPMADDWD with a row's pair of group sums gives the channel's m * sum for both
+   groups. */
 static inline __attribute__((always_inline)) __m512i min_pairs(const uint8_t *first, int p, int count) {
-    __m128i m0 = _mm_loadu_si128((const __m128i *)(first + 2 * p * GROUP_BYTES + 272));
-    __m128i m1 = 2 * p + 1 < count ? _mm_loadu_si128((const __m128i *)(first + (2 * p + 1) * GROUP_BYTES + 272))
-                                   : _mm_setzero_si128();
-    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(m0, m1), _mm_unpacklo_epi8(m0, m1)));
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(min_pair_bytes(first, p, count, 1),
+                                                 min_pair_bytes(first, p, count, 0)));
 }
 
 static inline __attribute__((always_inline)) void q4k_column(
@@ -310,14 +318,8 @@ static inline __attribute__((always_inline)) void q4k_column(
         for (int h = 0; h < 2; h++) {
             __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 16 * h)));
             __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(head + 32 + 16 * h)));
-            __m256i mp[SUPER_GROUPS / 2]; /* as min_pairs above, channels 8h..8h+7 */
-            for (int p = 0; p < pairs; p++) {
-                __m128i m0 = _mm_loadu_si128((const __m128i *)(first + 2 * p * GROUP_BYTES + 272));
-                __m128i m1 = 2 * p + 1 < count
-                                 ? _mm_loadu_si128((const __m128i *)(first + (2 * p + 1) * GROUP_BYTES + 272))
-                                 : _mm_setzero_si128();
-                mp[p] = _mm256_cvtepu8_epi16(h ? _mm_unpackhi_epi8(m0, m1) : _mm_unpacklo_epi8(m0, m1));
-            }
+            __m256i mp[SUPER_GROUPS / 2]; /* the mins as int16 pairs, as min_pairs above */
+            for (int p = 0; p < pairs; p++) mp[p] = _mm256_cvtepu8_epi16(min_pair_bytes(first, p, count, h));
             for (int r = 0; r < rows; r++) {
                 const int32_t *xs = (const int32_t *)(sums + r * stride + g0);
                 __m256i mins = _mm256_setzero_si256();
