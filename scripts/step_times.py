@@ -4,7 +4,9 @@ What a speculative step costs, part by part, as the decode loops run them: the
 target through its runtime (lean over int8 layers, and transformers' own forward
 of the same model for comparison) and the drafter's lean runtime, each after a
 --context-token prompt, for 1, 2, 3, 5 and 8 new tokens (the pending token plus
-k proposals). Median of --reps forwards, rolled back after each. With llama.cpp
+k proposals). Median of --reps forwards, rolled back after each. The drafter
+twice: back to back (its weights stay in the caches) and each forward after a
+one-token target forward, as decoding runs it (its weights come from memory). With llama.cpp
 installed (`make peers`), its own evals of the same GGUF beside them; and each
 runtime's prefill of the --context-token prompt, per prompt token. Where the
 target's layers run as one kernel call (a Q4_K_M file's 4-bit and 6-bit layers),
@@ -73,17 +75,37 @@ def stack_or_layers_ms(runner: TargetRunner, context: list[int], reps: int) -> t
     return tuple({n: round(1000 * statistics.median(times[n, way]), 2) for n in ROWS} for way in ("stack", "layers"))
 
 
-def drafter_ms(drafter: Drafter, context: list[int], reps: int) -> dict[int, float]:
+def drafter_ms(drafter: Drafter, context: list[int], reps: int, between=None) -> dict[int, float]:
+    """Back to back its weights stay in the caches; decoding runs a target forward
+    (~1 GB of weights) between two drafts, so `between` (untimed) can do the same."""
     net = drafter.net
     net.reset()
     net.forward(context)
     out = {}
     for n in ROWS:
-        def step(n=n):
+        times = []
+        for rep in range(reps + 1):
+            if between:
+                between()
+            start = time.perf_counter()
             net.forward(context[:n])
+            if rep:  # the first is a warm-up
+                times.append(time.perf_counter() - start)
             net.rollback(len(context))
-        out[n] = median_ms(step, reps)
+        out[n] = round(1000 * statistics.median(times), 2)
     return out
+
+
+def target_step(runner: TargetRunner, context: list[int]):
+    """One one-token target forward after the context, rolled back: what streams
+    every target weight between two drafts."""
+    session = runner.session()
+    session.forward(context, last=1)
+
+    def step():
+        session.forward(context[:1])
+        session.crop(1)
+    return step
 
 
 def llamacpp_ms(gguf: str, context: list[int], reps: int) -> tuple[dict[int, float], float] | None:
@@ -139,6 +161,7 @@ def main() -> None:
         "rows": list(ROWS),
         "target_transformers_ms": target_ms(TargetRunner(target.model, lean=False), t_ids, args.reps),
         "drafter_ms": drafter_ms(drafter, d_ids, args.reps),
+        "drafter_after_target_ms": drafter_ms(drafter, d_ids, args.reps, target_step(target.runner, t_ids)),
         "prefill_ms_per_token": {"target_lean": prefill_ms(target.runner, t_ids)},
     }
     net = target.runner.net
@@ -156,7 +179,7 @@ def main() -> None:
     if peer:
         report["llamacpp_ms"], report["prefill_ms_per_token"]["llamacpp"] = peer
     for key in ("target_lean_ms", "target_lean_torch_layers_ms", "target_transformers_ms", "drafter_ms",
-                "llamacpp_ms"):
+                "drafter_after_target_ms", "llamacpp_ms"):
         if key in report:
             print(f"{key:24s}", "  ".join(f"{n}: {ms:6.1f}" for n, ms in report[key].items()))
     print("prefill ms per token    ", report["prefill_ms_per_token"])
