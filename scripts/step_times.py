@@ -6,11 +6,11 @@ of the same model for comparison) and the drafter's lean runtime, each after a
 --context-token prompt, for 1, 2, 3, 5 and 8 new tokens (the pending token plus
 k proposals). Median of --reps forwards, rolled back after each. The drafter
 twice: back to back (its weights stay in the caches) and each forward after a
-one-token target forward, as decoding runs it (its weights come from memory). With llama.cpp
-installed (`make peers`), its own evals of the same GGUF beside them; and each
-runtime's prefill of the --context-token prompt, per prompt token. Where the
-target's layers run as one kernel call (a Q4_K_M file's 4-bit and 6-bit layers),
-the same runtime with its layers as torch ops is timed beside it.
+one-token target forward, as decoding runs it (its weights come from memory).
+With llama.cpp installed (`make peers`), its own evals of the same GGUF beside
+them; and each runtime's prefill of the --context-token prompt, per prompt token.
+Where the target's layers run as one kernel call (a Q4_K_M file's 4-bit and 6-bit
+layers), the same runtime with its layers as torch ops is timed beside it.
 
     .venv/bin/python scripts/step_times.py --json docs/results/step-times.json
 """
