@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from kernel_rows import QWEN_LAYER
+
 SOURCE = r"""
 #include <immintrin.h>
 #include <stdio.h>
@@ -41,7 +43,7 @@ int main(void) {
     return 0;
 }
 """
-QWEN_WEIGHTS = 28 * (1536 * (2048 + 1536 + 17920) + 8960 * 1536)  # the 28 layers' projections
+QWEN_WEIGHTS = 28 * sum(k * n for k, n in QWEN_LAYER)  # the 28 layers' projections
 
 
 def main() -> None:

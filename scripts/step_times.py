@@ -32,13 +32,16 @@ from omnidraft.core.models.target_runtime import TargetRunner
 ROWS = (1, 2, 3, 5, 8)
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()
+def median_ms(fn, reps: int, before=None) -> float:
+    """fn's median of reps calls after a warm-up; `before` (untimed) runs ahead of each."""
     times = []
-    for _ in range(reps):
+    for rep in range(reps + 1):
+        if before:
+            before()
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
+        if rep:
+            times.append(time.perf_counter() - start)
     return round(1000 * statistics.median(times), 2)
 
 
@@ -83,16 +86,10 @@ def drafter_ms(drafter: Drafter, context: list[int], reps: int, between=None) ->
     net.forward(context)
     out = {}
     for n in ROWS:
-        times = []
-        for rep in range(reps + 1):
-            if between:
-                between()
-            start = time.perf_counter()
+        def step(n=n):
             net.forward(context[:n])
-            if rep:  # the first is a warm-up
-                times.append(time.perf_counter() - start)
             net.rollback(len(context))
-        out[n] = round(1000 * statistics.median(times), 2)
+        out[n] = median_ms(step, reps, between)
     return out
 
 
