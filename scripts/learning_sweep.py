@@ -131,11 +131,16 @@ def main() -> int:
                                       "seconds": time.perf_counter() - t0})
                 print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
             results.append(row)
-        report = {"target": args.target, "oracle": args.oracle, "train": len(train), "dev": len(dev), "results": results}
-        print(json.dumps(report, indent=2))
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        emit({"target": args.target, "oracle": args.oracle, "train": len(train), "dev": len(dev), "results": results},
+             args.json)
     return 0
+
+
+def emit(report: dict, path: Path | None) -> None:
+    """Print the report, and write it to path if given."""
+    print(json.dumps(report, indent=2))
+    if path:
+        path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
