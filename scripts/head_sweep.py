@@ -39,9 +39,10 @@ from omnidraft.core.learning.acceptance_head import (
     STEPS,
     AcceptanceHead,
     HeadExample,
+    fit_head,
     head_example,
-    head_loss,
     segment_labels,
+    segment_log_chances,
 )
 
 
@@ -63,14 +64,10 @@ def examples(engine: Engine, samples) -> list[HeadExample]:
 
 
 def score(head: AcceptanceHead, dev: list[HeadExample]) -> dict:
-    """Over all dev segments: mean label, mean predicted chance, log loss."""
+    """Over all dev segments: mean label, mean predicted chance, log loss, ROC AUC."""
     with torch.no_grad():
-        chances, labels = [], []
-        for e in dev:
-            log_p = F.logsigmoid(head(e.hidden, e.confidence))
-            chances.append(torch.zeros(e.labels.numel()).index_add(0, e.segment, log_p).exp())
-            labels.append(e.labels)
-        p, y = torch.cat(chances).clamp(1e-6, 1 - 1e-6), torch.cat(labels)
+        p = torch.cat([segment_log_chances(head, e).exp() for e in dev]).clamp(1e-6, 1 - 1e-6)
+        y = torch.cat([e.labels for e in dev])
         bce = float(F.binary_cross_entropy(p, y))
         # ROC AUC: how well the chance ranks accepted segments above rejected ones
         ranks = torch.empty(len(p)).index_copy_(0, p.argsort(), torch.arange(1, len(p) + 1, dtype=torch.float))
@@ -83,17 +80,13 @@ def train(train_set: list[HeadExample], dev: list[HeadExample], lr: float, steps
           batch: int = 8) -> dict:
     head = AcceptanceHead(train_set[0].hidden.shape[-1])
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
-    trace = []
+    scores = []
     for start in range(0, len(train_set), batch):
-        turns = train_set[start:start + batch]
         for _ in range(passes):
-            for _ in range(steps):
-                optimizer.zero_grad(set_to_none=True)
-                torch.stack([head_loss(head, e)[0] for e in turns]).mean().backward()
-                optimizer.step()
-        trace.append(score(head, dev)["predicted_mean"])
-    last = trace[-8:]
-    return {**score(head, dev), "lr": lr, "steps": steps, "passes": passes,
+            fit_head(head, optimizer, train_set[start:start + batch], steps)
+        scores.append(score(head, dev))
+    last = [s["predicted_mean"] for s in scores[-8:]]
+    return {**scores[-1], "lr": lr, "steps": steps, "passes": passes,
             "predicted_mean_last_batches": [round(x, 3) for x in last],
             "swing_last_batches": max(last) - min(last), "stdev_last_batches": statistics.pstdev(last)}
 

@@ -196,14 +196,35 @@ def head_example(
                        torch.tensor([n for n, seg in enumerate(rows_of) for _ in seg]), torch.tensor(labels))
 
 
+def segment_log_chances(head: AcceptanceHead, example: HeadExample) -> torch.Tensor:
+    """Log of each segment's chance: the sum of its drafter tokens' log P."""
+    log_p_token = F.logsigmoid(head(example.hidden, example.confidence))
+    return torch.zeros(example.labels.numel()).index_add(0, example.segment, log_p_token)
+
+
 def head_loss(head: AcceptanceHead, example: HeadExample) -> tuple[torch.Tensor, float]:
     """Mean BCE of each segment's chance (the product of its drafter tokens' P)
     against its label, and the mean predicted chance."""
-    log_p_token = F.logsigmoid(head(example.hidden, example.confidence))
-    n = example.labels.numel()
-    log_p = torch.zeros(n).index_add(0, example.segment, log_p_token).clamp(max=-1e-7)
+    log_p = segment_log_chances(head, example).clamp(max=-1e-7)
     # log(1 - P), accurate both near P = 0 and near P = 1
     log_not = torch.where(log_p > -0.693, torch.log(-torch.expm1(log_p)), torch.log1p(-torch.exp(log_p)))
     y = example.labels
     loss = -(y * log_p + (1 - y) * log_not).mean()
     return loss, float(log_p.detach().exp().mean())
+
+
+def fit_head(head: AcceptanceHead, optimizer: torch.optim.Optimizer, examples: list[HeadExample],
+             steps: int = STEPS) -> tuple[float, float]:
+    """`steps` updates of the head on these turns (the loss: the mean over turns,
+    so each turn weighs the same). Returns the loss and the mean predicted chance
+    before the first update."""
+    before = (0.0, 0.0)
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        losses, predicted = zip(*(head_loss(head, e) for e in examples))
+        loss = torch.stack(losses).mean()
+        loss.backward()
+        optimizer.step()
+        if step == 0:
+            before = (float(loss.detach()), sum(predicted) / len(examples))
+    return before

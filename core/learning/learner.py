@@ -29,8 +29,7 @@ from ..decoding.vocab_bridge import VocabBridge
 from ..models.int4 import cpu_flags
 from ..stopping import ShouldStop, never
 from .acceptance_head import LR as HEAD_LR
-from .acceptance_head import STEPS as HEAD_STEPS
-from .acceptance_head import AcceptanceHead, HeadExample, head_example, head_loss, segment_labels
+from .acceptance_head import AcceptanceHead, HeadExample, fit_head, head_example, segment_labels
 from .adapters import AdapterStore
 from .distillation import LAMBDA, clip_sample, hybrid_loss
 from .replay_buffer import ReplayBuffer, Sample
@@ -193,23 +192,15 @@ class Learner:
         return totals
 
     def _train_head(self, examples: list[HeadExample], optimizer) -> dict:
-        """HEAD_STEPS updates of the acceptance head on this batch's turns (its loss:
+        """acceptance_head.STEPS updates of the acceptance head on this batch's turns (its loss:
         the mean over turns, so each turn weighs the same). Returns the figures
         before the first update: head_loss, head_predicted, head_observed."""
         if not examples:
             return {}
-        before = {}
-        for step in range(HEAD_STEPS):
-            optimizer.zero_grad(set_to_none=True)
-            losses, predicted = zip(*(head_loss(self.head, e) for e in examples))
-            loss = torch.stack(losses).mean()
-            loss.backward()
-            optimizer.step()
-            if step == 0:
-                before = {"head_loss": float(loss.detach()), "head_predicted": sum(predicted) / len(examples),
-                          "head_observed": sum(float(e.labels.mean()) for e in examples) / len(examples)}
+        loss, predicted = fit_head(self.head, optimizer, examples)
         self.head.labels_seen += sum(e.labels.numel() for e in examples)
-        return before
+        return {"head_loss": loss, "head_predicted": predicted,
+                "head_observed": sum(float(e.labels.mean()) for e in examples) / len(examples)}
 
     def sample_loss(self, model, sample: Sample, check: Check = lambda: None) -> tuple[torch.Tensor, dict]:
         """The hybrid loss of one (clipped) sample (see _forward)."""
