@@ -7,7 +7,8 @@ learner does (labels from core/learning/acceptance_head.segment_labels, the
 drafter's training copy with the target's adapter as --state-dir left it), on
 the training prompts' and the dev prompts' greedy replies, then trains fresh
 heads over the training replies in the learner's schedule (batches of 8, each
-batch --passes times in a row, as the app's buffer of 8 does) for each
+batch once, as the learner trains the head on a turn's first pass only; --passes
+repeats each batch, as it did before) for each
 optimizer setting, and scores them on the dev replies, which no head saw:
 mean predicted chance against the mean label (calibration), the log loss, ROC
 AUC (how well it ranks accepted drafts above rejected ones), and how far the
@@ -101,7 +102,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--lrs", default="1e-2,3e-3,1e-3,3e-4")
     ap.add_argument("--steps", default=str(STEPS), help="head updates per learner step, comma-separated")
-    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=1, help="head fits per batch (the learner's: 1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
     ap.add_argument("--json", type=Path)

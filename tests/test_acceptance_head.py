@@ -225,3 +225,18 @@ def test_the_head_is_saved_encrypted_with_the_adapter(parts, gemma_tok):
     assert list(store.root.glob(f"*{HEAD_FILE}.corrupt"))
     with pytest.raises(ValueError, match="not an acceptance head"):
         AcceptanceHead.from_state(head.state(), head.hidden.in_features + 1)
+
+
+def test_the_head_learns_from_a_turns_first_pass_only(parts):
+    """A second pass labels drafts of text the adapter has just trained on: the
+    adapter trains again, the head does not."""
+    learner, buffer, _, head, samples = parts
+    learner.passes = 2
+    for s in samples:
+        buffer.add(s)
+    first = learner.step()
+    seen = head.labels_seen
+    assert first["pass_done"] and seen > 0 and "head_loss" in first
+    second = learner.step()
+    assert second["pass_done"] and learner.updates == 2 and len(buffer) == 0
+    assert head.labels_seen == seen and "head_loss" not in second

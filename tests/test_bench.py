@@ -7,7 +7,7 @@ import pytest
 from omnidraft.bench import cli, runners
 from omnidraft.bench.report import decoding, drafting_figures, engine_totals, first_difference
 from omnidraft.core.decoding.sampling import GenerationConfig
-from omnidraft.core.engine import Engine
+from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.stopping import ShouldStop, never
 
@@ -321,7 +321,7 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     adapt = report["adapt"]
     assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
     assert adapt["turns_recorded"] == 9  # no warm-up or evaluation turn among them
-    assert adapt["samples_trained"] == 9 * 2  # the app's two passes over each turn
+    assert adapt["samples_trained"] == 9 * LearnSettings.passes  # the app's passes over each turn
     assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
     assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
     assert adapt["after"]["target"]["speedup"] == 1.0

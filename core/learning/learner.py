@@ -8,7 +8,8 @@ only: after a restart a sample may get up to `passes` more.
 Each sample costs one target forward (no grad: its logits are recomputed, not
 stored) and one drafter forward + backward through the target's LoRA adapter.
 The same forwards train the target's acceptance head (core/learning/acceptance_head.py)
-on the drafter's hidden states, with its own optimizer; it is saved with the adapter.
+on the drafter's hidden states, with its own optimizer, on each turn's first
+pass only (as a new turn would be drafted); it is saved with the adapter.
 
 Training runs while the user is idle and must give way at once when a request
 arrives: should_stop() is checked between samples and, through hooks on every
@@ -177,7 +178,10 @@ class Learner:
             totals["used"] += 1
             totals["loss"] += float(loss.detach())
             loss.backward()
-            if self.head is not None and hidden is not None:
+            # The head learns from a turn's first pass only: later passes label
+            # drafts of text the adapter has just trained on, which the drafter
+            # would accept more often than it does on a new turn (docs/learning.md).
+            if self.head is not None and hidden is not None and not self._trained.get(sample.seq, 0):
                 rows_of, labels = segment_labels(s, self.bridge, d_logits, t_logits, d_offset, t_offset)
                 if labels:
                     totals["head_examples"].append(head_example(hidden, d_logits, s.temperature, rows_of, labels))
