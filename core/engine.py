@@ -82,7 +82,6 @@ class LearnSettings:
     threads: int = 1  # the learner leaves a core to the GUI
     passes: int = 2  # passes over each served turn before it leaves the buffer
     buffer_size: int = 256
-    prompt_rows: int = 0  # prompt tokens learned beside the reply (Learner.prompt_rows)
 
 
 class Engine:
@@ -432,7 +431,6 @@ class Engine:
                 self.drafter_model.model, self.target.model, self.bridge, self.buffer, self.adapters,
                 target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
                 lam=ls.lam, threads=ls.threads, passes=ls.passes, head=self._head(target_id),
-                prompt_rows=ls.prompt_rows,
             )
         learner = self._learners[target_id]
         learner.target_model, learner.bridge, learner.buffer = self.target.model, self.bridge, self.buffer

@@ -85,8 +85,8 @@ def main() -> int:
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt-rows", type=int, default=None,
-                    help="the learner's prompt_rows (default: LearnSettings'): prompt tokens it also learns on")
+    ap.add_argument("--lora-targets",
+                    help="comma-separated module names the adapter adapts (default: AdapterStore's)")
     ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--state-dir", type=Path,
@@ -115,14 +115,14 @@ def main() -> int:
         else:
             train = serve(engine, read_prompts(args.train, None), args.max_new_tokens,
                           args.cache / f"train-{tag}.json")
+        if args.lora_targets:  # before the first adapter creates the peft model
+            engine.adapters.targets = tuple(args.lora_targets.split(","))
         results = []
-        prompt_rows = engine.learn_settings.prompt_rows if args.prompt_rows is None else args.prompt_rows
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine.adapters.reset(args.target)
             buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
             learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, buffer,
-                              engine.adapters, args.target, lr=lr, threads=args.threads,
-                              prompt_rows=prompt_rows)
+                              engine.adapters, args.target, lr=lr, threads=args.threads)
             row = {"lr": lr, "passes": [evaluate(learner, dev)]}
             print(f"lr {lr:g} pass 0: {row['passes'][-1]}", file=sys.stderr, flush=True)
             for p in range(args.passes):
@@ -135,8 +135,8 @@ def main() -> int:
                                       "seconds": time.perf_counter() - t0})
                 print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
             results.append(row)
-        emit({"target": args.target, "oracle": args.oracle, "prompt_rows": prompt_rows, "train": len(train), "dev": len(dev), "results": results},
-             args.json)
+        emit({"target": args.target, "oracle": args.oracle, "lora_targets": list(engine.adapters.targets),
+              "train": len(train), "dev": len(dev), "results": results}, args.json)
     return 0
 
 

@@ -1,14 +1,11 @@
 """The hybrid loss (OMNIDRAFT.md §2) on tiny models with the real tokenizers."""
 
-from dataclasses import replace
-
 import pytest
 import torch
 import torch.nn.functional as F
 from omnidraft.core.decoding.vocab_bridge import VocabBridge
 from omnidraft.core.learning.adapters import AdapterStore, adapter_name
 from omnidraft.core.learning.distillation import clip_sample, hybrid_loss, split_segments
-from omnidraft.core.models.chat_format import encode_chat
 
 from tests.distill_helpers import PROMPT, REPLIES, cross_bridge, learnable_drafter, make_sample
 from tests.tiny import tiny_gemma3, tiny_llama
@@ -138,48 +135,3 @@ def test_training_lowers_the_loss_and_only_lora_learns(tmp_path, cross, smol_tok
     assert loss1 < 0.8 * loss0
     assert dm1 < 0.8 * dm0  # the reverse KL itself moves, not only the n-gram NLL
     assert acc1 > acc0
-
-
-def _chat_sample(drafter_tok, target_tok, reply: str):
-    """A two-turn conversation in each model's own chat format, as the engine records it."""
-    messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": REPLIES[0].strip()},
-                {"role": "user", "content": "And the capital of Italy?"}]
-
-    t_prompt, d_prompt = encode_chat(target_tok, messages, "gemma-turns"), encode_chat(drafter_tok, messages)
-    base = make_sample(drafter_tok, target_tok, PROMPT, reply)
-    return replace(base, target_ids=t_prompt + base.target_reply, target_prompt_len=len(t_prompt),
-                   drafter_ids=d_prompt + base.drafter_reply, drafter_prompt_len=len(d_prompt))
-
-
-def test_prompt_learning_pairs_only_the_text_both_prompts_share(cross, smol_tok, gemma_tok):
-    """The two chat templates differ (SmolLM2's system prompt, each one's markup):
-    only the conversation's own words are aligned, segment by segment."""
-    sample = _chat_sample(smol_tok, gemma_tok, REPLIES[2])
-    direct, ngram = split_segments(sample, cross, prompt=True)
-    assert direct and ngram
-    for d, t in direct:
-        assert d < sample.drafter_prompt_len and t < sample.target_prompt_len
-        assert cross.direct(sample.drafter_ids[d]) == sample.target_ids[t]
-    text = gemma_tok.decode([sample.target_ids[t] for _, t in direct])
-    assert "capital of France" in text and "capital of Italy" in text and "Paris" in text
-    spelled = smol_tok.decode([sample.drafter_ids[d] for d, _ in direct]
-                              + [sample.drafter_ids[p] for seg in ngram for p in seg])
-    assert "SmolLM" not in spelled  # the drafter's system prompt has no counterpart
-
-
-def test_prompt_learning_adds_the_prompt_and_judges_the_reply(cross, smol_tok, gemma_tok, target):
-    drafter = tiny_llama(len(smol_tok), seed=4)
-    sample = _chat_sample(smol_tok, gemma_tok, REPLIES[1])
-    with torch.no_grad():
-        q_logits, p_logits = _logits(drafter, sample.drafter_ids), _logits(target, sample.target_ids)
-    reply, reply_stats = hybrid_loss(q_logits, p_logits, sample, cross)
-    both, both_stats = hybrid_loss(q_logits, p_logits, sample, cross, prompt=True)
-    assert reply_stats["n_prompt"] == 0 < both_stats["n_prompt"]
-    assert float(both) != pytest.approx(float(reply), rel=1e-3)
-    for key in ("n_dm", "n_ngram", "greedy_match", "acceptance_estimate"):  # the reply's, either way
-        assert both_stats[key] == reply_stats[key]
-    # Given only the rows from the last prompt position on, nothing of the prompt is learned.
-    d0, t0 = sample.drafter_prompt_len - 1, sample.target_prompt_len - 1
-    part, part_stats = hybrid_loss(q_logits[d0:], p_logits[t0:], sample, cross, drafter_offset=d0,
-                                   target_offset=t0, prompt=True)
-    assert part_stats["n_prompt"] == 0 and float(part) == pytest.approx(float(reply), rel=1e-6)

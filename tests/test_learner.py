@@ -236,20 +236,3 @@ def test_the_drafter_trains_in_bf16_only_where_the_cpu_multiplies_it_natively():
     assert training_dtype(frozenset({"avx2", "amx_bf16"})) == torch.bfloat16
     assert training_dtype(frozenset({"avx2", "fma", "f16c", "avx512f"})) == torch.float32
     assert training_dtype(frozenset()) == torch.float32
-
-
-def test_prompt_rows_bound_how_much_of_the_prompt_is_learned(parts):
-    make, buffer, store, samples = parts
-    model = store.activate(TARGET)
-    counts = {}
-    for rows in (0, 4, 1000):
-        with torch.no_grad():
-            _, stats = make(prompt_rows=rows).sample_loss(model, samples[0])
-        counts[rows] = stats["n_prompt"]
-        assert stats["greedy_match"] is not None  # judged on the reply whatever the rows
-    prompt_tokens = samples[0].drafter_prompt_len
-    assert counts[0] == 0 < counts[4] <= 4 < counts[1000] < prompt_tokens
-    learner = make(lr=1e-2, batch_size=4, prompt_rows=1000)
-    _fill(buffer, samples)
-    out = learner.step()
-    assert out is not None and learner.updates == 1 and out["greedy_match"] is not None

@@ -36,16 +36,6 @@ Same vocabulary (bridge.same_vocab): every 1:1 position is a plain reverse KL
 over the shared vocabulary, no mapping, no renormalisation. With the engine's
 same-vocabulary samples (drafter ids = target ids) that is every position.
 
-The prompt's text (optional, `prompt=True`). The target's distribution is
-known at every position it read, not only where it wrote, so the drafter can
-also learn it on the text of the prompt: the user's own words and code, what
-the next replies are about. The prompts hold chat markup that differs between
-the two templates (each model's own system prompt, role names, special
-tokens), so only the text both prompts spell alike is aligned (difflib over
-their bytes); its segments get the same two losses as the reply's, and every
-position weighs alike. The statistics (acceptance_estimate,
-greedy_match) stay the reply's: drafting is judged where the target writes.
-
 The target's logits are recomputed by one target forward at training time
 rather than stored with the sample: a 262,144-entry Gemma distribution is 1 MiB
 per token in fp32, 256 MiB for one 256-token reply, against a few KiB of ids.
@@ -53,7 +43,6 @@ per token in fp32, 256 MiB for one 256-token reply, against a few KiB of ids.
 
 from __future__ import annotations
 
-import difflib
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -68,9 +57,6 @@ if TYPE_CHECKING:
     from .replay_buffer import Sample
 
 LAMBDA = 0.2
-# Shorter byte runs the two prompts share are taken for chance (a word the two
-# system prompts both use), not for the same text.
-MIN_SHARED_BYTES = 16
 ROWS_PER_SLICE = 16
 
 
@@ -83,10 +69,8 @@ def hybrid_loss(
     drafter_offset: int = 0,
     target_offset: int = 0,
     check: Callable[[], None] = lambda: None,
-    prompt: bool = False,
 ) -> tuple[torch.Tensor, dict]:
-    """L = mean(L_DM) + lam * mean(L_Ngram) for one sample, and its stats;
-    prompt=True adds the prompt's shared text to both means (the module doc).
+    """L = mean(L_DM) + lam * mean(L_Ngram) for one sample, and its stats.
 
     drafter_logits [rows, Vd] (with grad) and target_logits [rows, Vt] (no grad):
     row r holds the next-token logits after position offset + r. With the
@@ -104,27 +88,16 @@ def hybrid_loss(
     direct positions where the drafter's argmax maps to the target's argmax:
     greedy acceptance).
     """
+    dm_pos, ngram_segs = split_segments(sample, bridge)
     d_rows, d_lim = drafter_offset + 1, drafter_offset + drafter_logits.shape[0]
     t_rows, t_lim = target_offset + 1, target_offset + target_logits.shape[0]
-
-    def trainable(direct: list[tuple[int, int]], ngram: list[list[int]]):
-        """Only tokens whose predicting logits were given."""
-        return ([(d, t) for d, t in direct if d_rows <= d <= d_lim and t_rows <= t <= t_lim],
-                [s for s in ngram if s[0] >= d_rows and s[-1] <= d_lim])
-
-    dm_pos, ngram_segs = trainable(*split_segments(sample, bridge))
-    # n_dm, n_ngram: the reply's segments; n_prompt: the prompt's, learned beside them.
-    stats = {"dm": 0.0, "ngram": 0.0, "n_dm": len(dm_pos), "n_ngram": len(ngram_segs), "n_prompt": 0,
-             "acceptance_estimate": None, "greedy_match": None}
-    n_reply = len(dm_pos)
-    if prompt:
-        # Only the rows given can be learned: the prompt's alignment starts there.
-        since = (max(0, d_rows - 1), max(0, t_rows - 1))
-        prompt_dm, prompt_ngram = trainable(*split_segments(sample, bridge, prompt=since))
-        dm_pos, ngram_segs = dm_pos + prompt_dm, ngram_segs + prompt_ngram
-        stats["n_prompt"] = len(prompt_dm) + len(prompt_ngram)
+    # A token is trainable only if the logits that predict it were given.
+    dm_pos = [(d, t) for d, t in dm_pos if d_rows <= d <= d_lim and t_rows <= t <= t_lim]
+    ngram_segs = [s for s in ngram_segs if s[0] >= d_rows and s[-1] <= d_lim]
 
     zero = drafter_logits.sum() * 0.0  # keeps the graph when a sample has nothing to learn
+    stats = {"dm": 0.0, "ngram": 0.0, "n_dm": len(dm_pos), "n_ngram": len(ngram_segs),
+             "acceptance_estimate": None, "greedy_match": None}
     loss = zero
     if dm_pos:
         parts = []
@@ -138,10 +111,8 @@ def hybrid_loss(
         kl, accept, match = (torch.cat(column) for column in zip(*parts))
         l_dm = kl.mean()
         loss = loss + l_dm
-        stats["dm"] = float(l_dm.detach())
-        if n_reply:  # judged on the reply, where drafting happens
-            stats.update(acceptance_estimate=float(accept[:n_reply].mean()),
-                         greedy_match=float(match[:n_reply].float().mean()))
+        stats.update(dm=float(l_dm.detach()), acceptance_estimate=float(accept.mean()),
+                     greedy_match=float(match.float().mean()))
     if ngram_segs:
         l_ngram = _ngram_nll(drafter_logits, sample.drafter_ids, ngram_segs, drafter_offset)
         loss = loss + lam * l_ngram
@@ -150,22 +121,15 @@ def hybrid_loss(
 
 
 # ---------------------------------------------------------------- segments
-def split_segments(sample: Sample, bridge: VocabBridge,
-                   prompt: bool | tuple[int, int] = False) -> tuple[list[tuple[int, int]], list[list[int]]]:
-    """Aligned reply segments (prompt: the prompts' shared text's, from these
-    drafter and target positions on if a pair) as absolute positions in
-    drafter_ids / target_ids.
+def split_segments(sample: Sample, bridge: VocabBridge) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """Aligned reply segments as absolute positions in drafter_ids / target_ids.
 
     Returns (direct, ngram): direct is [(drafter position, target position)] of
     1:1 directly mapped tokens; ngram is, per other segment, its drafter positions.
     """
     direct: list[tuple[int, int]] = []
     ngram: list[list[int]] = []
-    if prompt:
-        segments = prompt_segments(sample, bridge, *(prompt if isinstance(prompt, tuple) else ()))
-    else:
-        segments = aligned_segments(sample, bridge)
-    for d_run, t_run, is_direct in segments:
+    for d_run, t_run, is_direct in aligned_segments(sample, bridge):
         if is_direct:
             direct.append((d_run[0], t_run[0]))
         else:
@@ -182,57 +146,10 @@ def aligned_segments(sample: Sample, bridge: VocabBridge) -> list[tuple[list[int
     d_bytes, t_bytes = bridge.direct.drafter_bytes, bridge.direct.target_bytes
     d_reply = _text_prefix(sample.drafter_reply, d_bytes)
     t_reply = _text_prefix(sample.target_reply, t_bytes)
-    return _aligned(bridge, d_reply, sample.drafter_prompt_len, t_reply, sample.target_prompt_len)
-
-
-def prompt_segments(sample: Sample, bridge: VocabBridge, drafter_from: int = 0,
-                    target_from: int = 0) -> list[tuple[list[int], list[int], bool]]:
-    """As aligned_segments, over the text the two prompts spell alike from these
-    positions on: the conversation's words, not either template's markup, role
-    names or system prompt. Common byte runs are found by difflib (special
-    tokens never match) and each is cut to where both tokenizations have a
-    boundary."""
-    d_ids = sample.drafter_ids[drafter_from : sample.drafter_prompt_len]
-    t_ids = sample.target_ids[target_from : sample.target_prompt_len]
-    d_text, d_starts = _spelled(d_ids, bridge.direct.drafter_bytes, -1)
-    t_text, t_starts = _spelled(t_ids, bridge.direct.target_bytes, -2)
+    d_pos, t_pos = sample.drafter_prompt_len, sample.target_prompt_len
     out = []
-    matcher = difflib.SequenceMatcher(None, d_text, t_text, autojunk=False)
-    for i, j, n in matcher.get_matching_blocks():
-        if n < MIN_SHARED_BYTES:
-            continue
-        # Token boundaries inside the block, as offsets from its start, on both sides.
-        d_cuts = {at - i: k for k, at in enumerate(d_starts) if i <= at <= i + n}
-        t_cuts = {at - j: k for k, at in enumerate(t_starts) if j <= at <= j + n}
-        common = sorted(d_cuts.keys() & t_cuts.keys())
-        if len(common) < 2:
-            continue
-        first, last = common[0], common[-1]
-        d_run = d_ids[d_cuts[first] : d_cuts[last]]
-        t_run = t_ids[t_cuts[first] : t_cuts[last]]
-        out += _aligned(bridge, d_run, drafter_from + d_cuts[first], t_run, target_from + t_cuts[first])
-    return out
-
-
-def _spelled(ids: list[int], table: list[bytes | None], special: int) -> tuple[list[int], list[int]]:
-    """The ids' bytes as ints, each special or unknown id one `special` value;
-    and where each token starts in it (with the end as a last entry)."""
-    text: list[int] = []
-    starts = []
-    for i in ids:
-        starts.append(len(text))
-        spelled = table[i] if 0 <= i < len(table) else None
-        text += list(spelled) if spelled is not None else [special]
-    starts.append(len(text))
-    return text, starts
-
-
-def _aligned(bridge: VocabBridge, d_ids: list[int], d_pos: int, t_ids: list[int],
-             t_pos: int) -> list[tuple[list[int], list[int], bool]]:
-    """Segments of two tokenizations of one text, starting at these positions."""
-    d_bytes, t_bytes = bridge.direct.drafter_bytes, bridge.direct.target_bytes
-    out = []
-    for d_run, t_run in align([d_bytes[i] for i in d_ids], d_ids, [t_bytes[i] for i in t_ids], t_ids):
+    pairs = align([d_bytes[i] for i in d_reply], d_reply, [t_bytes[i] for i in t_reply], t_reply)
+    for d_run, t_run in pairs:
         is_direct = len(d_run) == 1 and len(t_run) == 1 and _maps(bridge, d_run[0], t_run[0])
         out.append((list(range(d_pos, d_pos + len(d_run))), list(range(t_pos, t_pos + len(t_run))), is_direct))
         d_pos += len(d_run)

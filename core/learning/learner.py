@@ -88,7 +88,6 @@ class Learner:
         max_prompt_tokens: int = 1024,
         max_reply_tokens: int = 256,
         head: AcceptanceHead | None = None,
-        prompt_rows: int = 0,
     ):
         if drafter_model is not adapters.base_model:
             raise ValueError("the learner trains the drafter the AdapterStore wraps")
@@ -103,9 +102,6 @@ class Learner:
         self.passes = max(1, passes)
         # Bound one sample's cost (and the 262k-wide target logits' memory).
         self.max_prompt_tokens, self.max_reply_tokens = max_prompt_tokens, max_reply_tokens
-        # The drafter also learns the target's distribution on up to this many of
-        # the prompt's last tokens (distillation.py: the prompt's text; 0: the reply only).
-        self.prompt_rows = prompt_rows
         saved = adapters.meta(target_id)
         self.steps = int(saved.get("steps", 0))  # optimizer steps ever, for this target
         self.samples = int(saved.get("samples", 0))  # samples ever trained on
@@ -175,8 +171,7 @@ class Learner:
             if fwd is None:
                 continue
             s, d_logits, t_logits, hidden, d_offset, t_offset = fwd
-            loss, stats = hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check,
-                                      prompt=self.prompt_rows > 0)
+            loss, stats = hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
             if stats["n_dm"] + stats["n_ngram"] == 0:
                 continue  # nothing aligned (e.g. an empty reply): nothing to learn
             check()
@@ -216,21 +211,20 @@ class Learner:
         fwd = self._forward(model, sample, check)
         if fwd is None:
             empty = torch.zeros((), requires_grad=True)
-            return empty, {"dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0, "n_prompt": 0,
+            return empty, {"dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
                            "acceptance_estimate": None, "greedy_match": None}
         s, d_logits, t_logits, _, d_offset, t_offset = fwd
-        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check,
-                           prompt=self.prompt_rows > 0)
+        return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
 
     def _forward(self, model, sample: Sample, check: Check):
         """Target forward without grad, drafter forward with grad, logits only from
-        the last prompt position on (prompt_rows earlier): (clipped sample, drafter logits, target
+        the last prompt position on: (clipped sample, drafter logits, target
         logits, the drafter's final hidden states beside its logits, their
         offsets), or None when the sample has nothing to learn from. check() is
         called between the phases (it raises to interrupt)."""
         s = clip_sample(sample, self.bridge, self.max_prompt_tokens, self.max_reply_tokens)
-        t_keep, t_offset = _kept_rows(len(s.target_ids), s.target_prompt_len, self.prompt_rows)
-        d_keep, d_offset = _kept_rows(len(s.drafter_ids), s.drafter_prompt_len, self.prompt_rows)
+        t_keep, t_offset = _kept_rows(len(s.target_ids), s.target_prompt_len)
+        d_keep, d_offset = _kept_rows(len(s.drafter_ids), s.drafter_prompt_len)
         if (not s.target_reply or not s.drafter_reply or t_keep == 0 or d_keep == 0
                 or not _in_vocab(s.target_ids, self.target_model)
                 or not _in_vocab(s.drafter_ids, self.drafter_model)):
@@ -342,11 +336,10 @@ def _shape_steps(length: int, keep: int) -> tuple[int, int]:
     return padded, min(padded, -(-rows // SHAPE_STEP) * SHAPE_STEP)
 
 
-def _kept_rows(length: int, prompt_len: int, prompt_rows: int = 0) -> tuple[int, int]:
+def _kept_rows(length: int, prompt_len: int) -> tuple[int, int]:
     """(how many last logits rows to compute, the position of the first): from the
-    last prompt position, which predicts the first reply token, and prompt_rows
-    before it."""
-    keep = min(length, length - prompt_len + 1 + prompt_rows)
+    last prompt position, which predicts the first reply token."""
+    keep = min(length, length - prompt_len + 1)
     return keep, length - keep
 
 
