@@ -367,7 +367,8 @@ def llamacpp_method(engine: EngineAPI, args: argparse.Namespace) -> Method | Non
 
 
 def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:
-    """Serve every training prompt with omnidraft as the app does: each finished
+    """Serve every training prompt with omnidraft as the app does (with --chat as a
+    user message through the chat templates, like the evaluation): each finished
     turn is recorded, and the learner runs its pass over the buffer in the gap
     before the next prompt once a batch has gathered (the paper's schedule: every
     I prompts one pass over the buffer, then clear it)."""
@@ -377,7 +378,11 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
     last = None
     for i, row in enumerate(train):
         t0 = time.perf_counter()
-        for _ in engine.complete(row["prompt"], prompt_config(args, i), speculative=True):
+        if args.chat:  # recorded as the app records a chat turn
+            events = engine.chat(as_chat(row["prompt"]), prompt_config(args, i), speculative=True)
+        else:
+            events = engine.complete(row["prompt"], prompt_config(args, i), speculative=True)
+        for _ in events:
             pass
         t1 = time.perf_counter()
         if len(engine.buffer) >= batch or i == len(train) - 1:

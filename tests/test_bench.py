@@ -298,10 +298,19 @@ def test_drafting_figures_split_acceptance_by_source_and_compare_predicted_with_
     assert drafting_figures(engine_totals([runners.Output([1], 1.0, 1, TurnStats(method="target"))]), 1) is None
 
 
-def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_path, smol_tok, gemma_tok):
+@pytest.mark.parametrize("chat", [False, True])
+def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_path, smol_tok, gemma_tok,
+                                                                             monkeypatch, chat):
     """--adapt: before/after in one run, the learner ran, and evaluation taught
-    the engine nothing (the replay buffer only ever saw training prompts)."""
+    the engine nothing (the replay buffer only ever saw training prompts); with
+    --chat the training turns are recorded as chat turns, as the app records them."""
+    from omnidraft.core.learning.replay_buffer import ReplayBuffer
+
     from tests.tiny import tiny_gemma3
+
+    recorded = []
+    add = ReplayBuffer.add
+    monkeypatch.setattr(ReplayBuffer, "add", lambda self, sample: (recorded.append(sample), add(self, sample))[1])
 
     target = tmp_path / "tiny-gemma"
     tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(target)
@@ -314,11 +323,14 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     rc = cli.main([
         "--target", str(target), "--prompts", str(evals), "--adapt", str(train), "--dtype", "fp32",
         "--methods", "target,omnidraft", "--max-new-tokens", "8", "--json", str(out),
-        "--state-dir", str(tmp_path / "state"),
+        "--state-dir", str(tmp_path / "state"), *(["--chat"] if chat else []),
     ])
     assert rc == 0
     report = json.loads(out.read_text())
     adapt = report["adapt"]
+    prompts = [f"def f{i}(x):\n    return" for i in range(9)]
+    assert [s.target_ids[: s.target_prompt_len] for s in recorded] == [
+        runners.prompt_ids(gemma_tok, p, chat) for p in prompts]
     assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
     assert adapt["turns_recorded"] == 9  # no warm-up or evaluation turn among them
     assert adapt["samples_trained"] == 9 * LearnSettings.passes  # the app's passes over each turn
