@@ -149,17 +149,21 @@ def keep_shared_context(engine: EngineAPI, previous: str | None, chat: bool) -> 
             net.reuse(prompt_ids(tokenizer, previous, chat), compute=0)
 
 
+def prompt_events(engine: EngineAPI, prompt: str, cfg: GenerationConfig, speculative: bool, chat: bool):
+    """The engine's events for one prompt: as a user message through the chat
+    templates (Engine.chat, the app's path) or as a raw completion."""
+    if chat:
+        return engine.chat(as_chat(prompt), cfg, speculative=speculative)
+    return engine.complete(prompt, cfg, speculative=speculative)
+
+
 def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> Runner:
     previous: list[str] = []  # the prompt this method ran last
 
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
         keep_shared_context(engine, previous[-1] if previous else None, chat)
         previous[:] = [prompt]
-        if chat:
-            events = engine.chat(as_chat(prompt), cfg, speculative=speculative)
-        else:
-            events = engine.complete(prompt, cfg, speculative=speculative)
-        done = [e for e in events if isinstance(e, TurnFinished)]
+        done = [e for e in prompt_events(engine, prompt, cfg, speculative, chat) if isinstance(e, TurnFinished)]
         if not done:
             raise RuntimeError("the engine finished without a TurnFinished event")
         stats = done[-1].stats
@@ -378,11 +382,7 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
     last = None
     for i, row in enumerate(train):
         t0 = time.perf_counter()
-        if args.chat:  # recorded as the app records a chat turn
-            events = engine.chat(as_chat(row["prompt"]), prompt_config(args, i), speculative=True)
-        else:
-            events = engine.complete(row["prompt"], prompt_config(args, i), speculative=True)
-        for _ in events:
+        for _ in prompt_events(engine, row["prompt"], prompt_config(args, i), True, args.chat):
             pass
         t1 = time.perf_counter()
         if len(engine.buffer) >= batch or i == len(train) - 1:

@@ -316,7 +316,8 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(target)
     gemma_tok.save_pretrained(target)
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps({"prompt": f"def f{i}(x):\n    return"}) + "\n" for i in range(9)))
+    prompts = [f"def f{i}(x):\n    return" for i in range(9)]
+    train.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     evals = tmp_path / "dev.jsonl"
     evals.write_text(json.dumps({"prompt": "The cat sat on the"}) + "\n")
     out = tmp_path / "r.json"
@@ -328,7 +329,6 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
     assert rc == 0
     report = json.loads(out.read_text())
     adapt = report["adapt"]
-    prompts = [f"def f{i}(x):\n    return" for i in range(9)]
     assert [s.target_ids[: s.target_prompt_len] for s in recorded] == [
         runners.prompt_ids(gemma_tok, p, chat) for p in prompts]
     assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
