@@ -11,6 +11,10 @@ machine does not change the figures. The served replies are cached in --cache.
 
     .venv/bin/python scripts/learning_sweep.py --lrs 1e-4,3e-4,1e-3 --passes 2
 
+--online trains as the app does instead of in epochs: the turns arrive --arrive
+at a time (default: a batch) and after each arrival the learner trains until its
+buffer is empty, with its --passes over each turn; one evaluation at the end.
+
 --oracle trains on the dev replies themselves: a drafter that has seen the
 answers, the ceiling for any learning (docs/learning.md); --state-dir keeps
 its adapter for `omnidraft-bench --state-dir`. --replies takes the dev replies
@@ -85,6 +89,13 @@ def main() -> int:
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=8,
+                    help="samples per optimizer step (the app's LearnSettings.batch_size is 8)")
+    ap.add_argument("--online", action="store_true",
+                    help="turns arrive a few at a time, each learned at once (the app's schedule)")
+    ap.add_argument("--arrive", type=int,
+                    help="with --online: turns arriving between the learner's rests (default: --batch-size; "
+                         "the app learns after each turn its user leaves time for: 1)")
     ap.add_argument("--lora-targets",
                     help="comma-separated module names the adapter adapts (default: AdapterStore's)")
     ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
@@ -122,9 +133,18 @@ def main() -> int:
             engine.adapters.reset(args.target)
             buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
             learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, buffer,
-                              engine.adapters, args.target, lr=lr, threads=args.threads)
+                              engine.adapters, args.target, lr=lr, threads=args.threads,
+                              batch_size=args.batch_size, passes=args.passes if args.online else 1)
             row = {"lr": lr, "passes": [evaluate(learner, dev)]}
             print(f"lr {lr:g} pass 0: {row['passes'][-1]}", file=sys.stderr, flush=True)
+            if args.online:
+                t0 = time.perf_counter()
+                learn_online(learner, buffer, train, args.arrive or args.batch_size)
+                row["passes"].append({**evaluate(learner, dev), "steps": learner.steps,
+                                      "seconds": time.perf_counter() - t0})
+                print(f"lr {lr:g} online: {row['passes'][-1]}", file=sys.stderr, flush=True)
+                results.append(row)
+                continue
             for p in range(args.passes):
                 for s in train:
                     buffer.add(Sample(**{**s.__dict__, "seq": -1}))
@@ -136,8 +156,21 @@ def main() -> int:
                 print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
             results.append(row)
         emit({"target": args.target, "oracle": args.oracle, "lora_targets": list(engine.adapters.targets),
+              "batch_size": args.batch_size,
+              "schedule": {"online": args.online, "passes": args.passes,
+                           "arrive": (args.arrive or args.batch_size) if args.online else None},
               "train": len(train), "dev": len(dev), "results": results}, args.json)
     return 0
+
+
+def learn_online(learner: Learner, buffer: ReplayBuffer, train: list[Sample], arrive: int) -> None:
+    """The turns arrive `arrive` at a time; after each arrival the learner trains
+    until its buffer is empty (as omnidraft-bench --adapt does between prompts)."""
+    for start in range(0, len(train), arrive):
+        for s in train[start:start + arrive]:
+            buffer.add(Sample(**{**s.__dict__, "seq": -1}))
+        while (out := learner.step()) is not None and out["buffered"]:
+            pass
 
 
 def emit(report: dict, path: Path | None) -> None:
