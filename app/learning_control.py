@@ -26,7 +26,7 @@ def describe_learning(state: str, detail: LearningProgress | None) -> str:
         if detail.loss is not None:
             text += f" · loss {detail.loss:.3f}"
     elif state == "waiting" and detail is not None and detail.buffered:
-        text += f" · {detail.buffered} repl{'y' if detail.buffered == 1 else 'ies'} buffered"
+        text += f" · {detail.buffered} sample{'' if detail.buffered == 1 else 's'} to learn"
     return text
 
 
@@ -71,7 +71,8 @@ class LearningControl(QObject):
             return
         answer = QMessageBox.question(
             parent, "Reset personalization",
-            f"Forget everything the drafter learned for {self.targets.name_of(target)}? "
+            f"Forget everything the drafter learned for {self.targets.name_of(target)}, "
+            "and the recent turns it learns from? "
             "Its speed-up goes back to what it was before any learning.",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
             QMessageBox.StandardButton.Cancel,

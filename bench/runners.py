@@ -373,9 +373,9 @@ def llamacpp_method(engine: EngineAPI, args: argparse.Namespace) -> Method | Non
 def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:
     """Serve every training prompt with omnidraft as the app does (with --chat as a
     user message through the chat templates, like the evaluation): each finished
-    turn is recorded, and the learner runs its pass over the buffer in the gap
-    before the next prompt once a batch has gathered (the paper's schedule: every
-    I prompts one pass over the buffer, then clear it)."""
+    turn is recorded, and the learner runs its round in the gap before the next
+    prompt once a batch of new turns has gathered (the paper's schedule, every I
+    prompts one pass, with the learner's replay of earlier turns)."""
     batch = engine.learn_settings.batch_size
     serve_s = learn_s = 0.0
     steps_before = None
@@ -385,7 +385,7 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
         for _ in prompt_events(engine, row["prompt"], prompt_config(args, i), True, args.chat):
             pass
         t1 = time.perf_counter()
-        if len(engine.buffer) >= batch or i == len(train) - 1:
+        if len(engine.buffer.new_samples()) >= batch or i == len(train) - 1:
             while (progress := engine.idle_step()) is not None and progress.state == "running":
                 steps_before = progress.steps if steps_before is None else steps_before
                 last = progress

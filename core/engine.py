@@ -70,8 +70,10 @@ def _turn_starts(turns: list[dict]) -> list[int]:
 @dataclass
 class LearnSettings:
     """Online distillation (OMNIDRAFT.md §2): the paper's settings except lr and
-    passes, chosen by scripts/learning_sweep.py (docs/learning.md): with ~20
-    optimizer steps per 150 turns, lr 5e-4 and two passes learn most."""
+    the replay of learned turns, chosen by scripts/learning_sweep.py
+    (docs/learning.md): lr 5e-4; three learned turns replayed per new one taught
+    the default target's drafter as much as four epochs over all turns, where
+    four passes over each batch back to back taught less."""
 
     enabled: bool = True
     lr: float = 5e-4
@@ -80,7 +82,7 @@ class LearnSettings:
     lam: float = 0.2  # weight of the n-gram NLL against the reverse KL
     rank: int = 32
     threads: int = 1  # the learner leaves a core to the GUI
-    passes: int = 2  # passes over each served turn before it leaves the buffer
+    reviews: int = 3  # learned turns replayed per new turn (core/learning/learner.py)
     buffer_size: int = 256
 
 
@@ -430,7 +432,7 @@ class Engine:
             self._learners[target_id] = Learner(
                 self.drafter_model.model, self.target.model, self.bridge, self.buffer, self.adapters,
                 target_id, lr=ls.lr, weight_decay=ls.weight_decay, batch_size=ls.batch_size,
-                lam=ls.lam, threads=ls.threads, passes=ls.passes, head=self._head(target_id),
+                lam=ls.lam, threads=ls.threads, reviews=ls.reviews, head=self._head(target_id),
             )
         learner = self._learners[target_id]
         learner.target_model, learner.bridge, learner.buffer = self.target.model, self.bridge, self.buffer
@@ -439,7 +441,14 @@ class Engine:
 
     def has_learning_work(self) -> bool:
         return bool(self.learn_settings.enabled and self.buffer is not None
-                    and (len(self.buffer) or self._drafter_stale))
+                    and (self._learning_left() or self._drafter_stale))
+
+    def _learning_left(self) -> int:
+        """Samples the current target's learner has to train before it rests."""
+        learner = self._learners.get(self.target.entry.id) if self.target is not None else None
+        if learner is None or learner.buffer is not self.buffer:  # its round was of another buffer
+            return len(self.buffer.new_samples())
+        return learner.work_left()
 
     def _refresh_drafter(self, should_stop: ShouldStop) -> bool:
         """Merge the current target's adapter into the drafting weights (~1 s on
@@ -459,10 +468,11 @@ class Engine:
         target_id = self.target.entry.id
         learner = self._learner()
         if self._drafter_stale and not self._refresh_drafter(should_stop):
-            return LearningStatus(target_id, "waiting", learner.steps, learner.samples, buffered=len(self.buffer))
-        out = learner.step(should_stop) if len(self.buffer) else None
+            return LearningStatus(target_id, "waiting", learner.steps, learner.samples,
+                                  buffered=learner.work_left())
+        out = learner.step(should_stop) if learner.work_left() else None
         if out is None:  # nothing (left) to train on
-            return LearningStatus(target_id, "idle", learner.steps, learner.samples, buffered=len(self.buffer))
+            return LearningStatus(target_id, "idle", learner.steps, learner.samples, buffered=0)
         if out["interrupted"]:
             return LearningStatus(target_id, "waiting", out["steps"], out["samples"], buffered=out["buffered"])
         if out["pass_done"]:  # what was learned starts drafting now

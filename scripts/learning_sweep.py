@@ -12,8 +12,9 @@ machine does not change the figures. The served replies are cached in --cache.
     .venv/bin/python scripts/learning_sweep.py --lrs 1e-4,3e-4,1e-3 --passes 2
 
 --online trains as the app does instead of in epochs: the turns arrive --arrive
-at a time (default: a batch) and after each arrival the learner trains until its
-buffer is empty, with its --passes over each turn; one evaluation at the end.
+at a time (default: a batch) and after each arrival the learner trains until it
+rests, by its own schedule: its round over the new turns replays --reviews
+times as many learned ones (core/learning/learner.py); one evaluation at the end.
 
 --oracle trains on the dev replies themselves: a drafter that has seen the
 answers, the ceiling for any learning (docs/learning.md); --state-dir keeps
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 from omnidraft.bench.cli import bench_home, read_prompts
 from omnidraft.core.decoding.sampling import GenerationConfig
-from omnidraft.core.engine import Engine
+from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.learning.learner import Learner
 from omnidraft.core.learning.replay_buffer import ReplayBuffer, Sample
@@ -87,7 +88,7 @@ def main() -> int:
     ap.add_argument("--dev", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
-    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=2, help="epochs (without --online)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=8,
                     help="samples per optimizer step (the app's LearnSettings.batch_size is 8)")
@@ -96,6 +97,8 @@ def main() -> int:
     ap.add_argument("--arrive", type=int,
                     help="with --online: turns arriving between the learner's rests (default: --batch-size; "
                          "the app learns after each turn its user leaves time for: 1)")
+    ap.add_argument("--reviews", type=int, default=LearnSettings.reviews,
+                    help="with --online: learned turns replayed per new turn (the learner's setting)")
     ap.add_argument("--lora-targets",
                     help="comma-separated module names the adapter adapts (default: AdapterStore's)")
     ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
@@ -134,7 +137,7 @@ def main() -> int:
             buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
             learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, buffer,
                               engine.adapters, args.target, lr=lr, threads=args.threads,
-                              batch_size=args.batch_size, passes=args.passes if args.online else 1)
+                              batch_size=args.batch_size, reviews=args.reviews if args.online else 0)
             row = {"lr": lr, "passes": [evaluate(learner, dev)]}
             print(f"lr {lr:g} pass 0: {row['passes'][-1]}", file=sys.stderr, flush=True)
             if args.online:
@@ -157,7 +160,7 @@ def main() -> int:
             results.append(row)
         emit({"target": args.target, "oracle": args.oracle, "lora_targets": list(engine.adapters.targets),
               "batch_size": args.batch_size,
-              "schedule": {"online": args.online, "passes": args.passes,
+              "schedule": {"online": args.online, "reviews": args.reviews if args.online else 0,
                            "arrive": (args.arrive or args.batch_size) if args.online else None},
               "train": len(train), "dev": len(dev), "results": results}, args.json)
     return 0
@@ -165,7 +168,7 @@ def main() -> int:
 
 def learn_online(learner: Learner, buffer: ReplayBuffer, train: list[Sample], arrive: int) -> None:
     """The turns arrive `arrive` at a time; after each arrival the learner trains
-    until its buffer is empty (as omnidraft-bench --adapt does between prompts)."""
+    until it rests (as omnidraft-bench --adapt does between prompts)."""
     for start in range(0, len(train), arrive):
         for s in train[start:start + arrive]:
             buffer.add(Sample(**{**s.__dict__, "seq": -1}))

@@ -228,15 +228,19 @@ def test_the_head_is_saved_encrypted_with_the_adapter(parts, gemma_tok):
 
 
 def test_the_head_learns_from_a_turns_first_pass_only(parts):
-    """A second pass labels drafts of text the adapter has just trained on: the
-    adapter trains again, the head does not."""
+    """A replayed turn labels drafts of text the adapter has trained on: the
+    adapter trains on it again, the head does not."""
     learner, buffer, _, head, samples = parts
-    learner.passes = 2
+    learner.reviews = 1
     for s in samples:
         buffer.add(s)
     first = learner.step()
     seen = head.labels_seen
     assert first["pass_done"] and seen > 0 and "head_loss" in first
+    # A new turn with nothing to learn from (no reply) brings one learned turn back.
+    empty = replace(samples[0], target_ids=samples[0].target_ids[: samples[0].target_prompt_len],
+                    drafter_ids=samples[0].drafter_ids[: samples[0].drafter_prompt_len])
+    buffer.add(empty)
     second = learner.step()
-    assert second["pass_done"] and learner.updates == 2 and len(buffer) == 0
+    assert second["pass_done"] and learner.updates == 2 and second["samples"] == len(samples) + 2
     assert head.labels_seen == seen and "head_loss" not in second

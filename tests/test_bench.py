@@ -333,7 +333,9 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
         runners.prompt_ids(gemma_tok, p, chat) for p in prompts]
     assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
     assert adapt["turns_recorded"] == 9  # no warm-up or evaluation turn among them
-    assert adapt["samples_trained"] == 9 * LearnSettings.passes  # the app's passes over each turn
+    # The first 8 turns learned once when they had gathered, then the ninth with
+    # `reviews` of them replayed.
+    assert adapt["samples_trained"] == 8 + 1 + LearnSettings.reviews
     assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
     assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
     assert adapt["after"]["target"]["speedup"] == 1.0

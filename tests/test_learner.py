@@ -74,7 +74,7 @@ def test_one_pass_then_clear_and_save(parts, smol_tok, gemma_tok):
     learner = make(batch_size=2)
     _fill(buffer, samples[:3])
     first = learner.step()
-    assert not first["pass_done"] and len(buffer) == 3 and first["buffered"] == 3
+    assert not first["pass_done"] and len(buffer) == 3 and first["buffered"] == 1
     buffer.add(replace(samples[3]))  # a turn served mid-pass waits for the next pass
     second = learner.step()
     assert second["pass_done"] and [s.seq for s in buffer.samples()] == [3]
@@ -87,20 +87,27 @@ def test_one_pass_then_clear_and_save(parts, smol_tok, gemma_tok):
     assert make().steps == 3
 
 
-def test_replay_passes_keep_a_turn_for_more_passes(parts):
+def test_a_round_replays_learned_turns_beside_the_new_ones(parts):
     make, buffer, _store, samples = parts
-    learner = make(batch_size=2, passes=2)
+    learner = make(batch_size=2, reviews=2)
     _fill(buffer, samples[:2])
-    first = learner.step()
-    assert first["pass_done"] and len(buffer) == 2  # kept for its second pass
+    first = learner.step()  # nothing learned yet to replay
+    assert first["pass_done"] and first["samples"] == 2 and first["buffered"] == 0
+    assert len(buffer) == 2 and not buffer.new_samples()  # kept, marked learned
+    assert learner.step() is None  # no new turn: the learner rests
     buffer.add(replace(samples[2]))
-    second = learner.step()  # a new pass: the kept two first, then the new turn
-    third = learner.step()
-    assert second["samples"] == 4 and not second["pass_done"] and third["pass_done"]
-    assert [s.seq for s in buffer.samples()] == [2]  # the first two had both passes
-    fourth = learner.step()
-    assert fourth["pass_done"] and len(buffer) == 0 and fourth["samples"] == 6
+    trained = []
+    original = learner._accumulate
+    learner._accumulate = lambda model, batch, first, check: (
+        trained.append([s.seq for s in batch]) or original(model, batch, first, check))
+    second = learner.step()  # the new turn first, then one of the two learned ones
+    third = learner.step()  # ... and the other: twice the new turns, each at most once
+    assert trained[0][0] == 2 and sorted(trained[0][1:] + trained[1]) == [0, 1]
+    assert not second["pass_done"] and third["pass_done"] and third["samples"] == 5
     assert learner.step() is None
+    # The marks are saved: a restarted learner has nothing new to learn.
+    loaded = ReplayBuffer.load(buffer.path, keys=buffer.keys)
+    assert len(loaded) == 3 and not loaded.new_samples()
 
 
 def test_should_stop_interrupts_quickly_without_changes(parts):

@@ -146,7 +146,7 @@ def test_a_save_cut_short_by_a_kill_loses_only_that_sample(tmp_path, keys, smol_
     assert again.warning is None and again.samples() == [*kept, nxt]
 
 
-def test_the_log_replays_to_the_same_buffer_through_drops_removals_and_rewrites(
+def test_the_log_replays_to_the_same_buffer_through_drops_removals_marks_and_rewrites(
     tmp_path, keys, monkeypatch
 ):
     from omnidraft.core.learning import replay_buffer
@@ -163,12 +163,15 @@ def test_the_log_replays_to_the_same_buffer_through_drops_removals_and_rewrites(
             buf.add(Sample(list(range(n)), n // 2, list(range(n + 1)), n // 2, temperature=0.5))
         elif action < 0.75 and len(buf):
             buf.remove({s.seq for s in rng.sample(buf.samples(), rng.randrange(1, len(buf) + 1))})
+        elif action < 0.9 and len(buf):  # the learner's first pass over some
+            buf.mark_learned({s.seq for s in rng.sample(buf.samples(), rng.randrange(1, len(buf) + 1))})
         size = path.stat().st_size if path.exists() else 0
         buf.save()
         rewrites += path.exists() and path.stat().st_size < size
         loaded = ReplayBuffer.load(path, max_samples=5, keys=keys)
         assert loaded.warning is None
         assert loaded.samples() == buf.samples(), step
+        assert loaded.new_samples() == buf.new_samples(), step
         assert loaded.total_added == buf.total_added
     assert rewrites > 0, "the log was never compacted"
 

@@ -1,15 +1,19 @@
 """Online hybrid distillation of the drafter toward one target (OMNIDRAFT.md §2).
 
-Schedule (the paper's, with replay): served turns collect in the replay
-buffer; a pass trains once on every sample that was in the buffer when the pass
-began, in batches of 8 (one AdamW step per batch); a sample is dropped once
-`passes` passes have trained on it (the paper: 1). The count is kept in memory
-only: after a restart a sample may get up to `passes` more.
+Schedule (the paper's, with experience replay): served turns collect in the
+replay buffer; a round trains once on every turn not learned yet and on
+`reviews` times as many turns learned before, drawn at random from those the
+buffer still holds, in batches of 8 (one AdamW step per batch; new turns
+first). A turn stays in the buffer after its first pass, marked learned, until
+the buffer's cap drops it. So the adapter keeps what all recent turns teach
+instead of what the last few do: passes over a batch back to back taught it
+less for the same learner time (docs/learning.md). With reviews = 0 (the
+paper's schedule) a round's turns leave the buffer at its end.
 Each sample costs one target forward (no grad: its logits are recomputed, not
 stored) and one drafter forward + backward through the target's LoRA adapter.
 The same forwards train the target's acceptance head (core/learning/acceptance_head.py)
-on the drafter's hidden states, with its own optimizer, on each turn's first
-pass only (as a new turn would be drafted); it is saved with the adapter.
+on the drafter's hidden states, with its own optimizer, on a turn's first pass
+only (as a new turn would be drafted); it is saved with the adapter.
 
 Training runs while the user is idle and must give way at once when a request
 arrives: should_stop() is checked between samples and, through hooks on every
@@ -20,6 +24,7 @@ samples are retried by the next step.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,7 +89,7 @@ class Learner:
         batch_size: int = 8,
         lam: float = LAMBDA,
         threads: int = 1,
-        passes: int = 1,
+        reviews: int = 0,
         max_prompt_tokens: int = 1024,
         max_reply_tokens: int = 256,
         head: AcceptanceHead | None = None,
@@ -99,7 +104,7 @@ class Learner:
         self.target_id = target_id
         self.lr, self.weight_decay = lr, weight_decay
         self.batch_size, self.lam, self.threads = batch_size, lam, threads
-        self.passes = max(1, passes)
+        self.reviews = max(0, reviews)
         # Bound one sample's cost (and the 262k-wide target logits' memory).
         self.max_prompt_tokens, self.max_reply_tokens = max_prompt_tokens, max_reply_tokens
         saved = adapters.meta(target_id)
@@ -110,23 +115,23 @@ class Learner:
         self._optimizer: torch.optim.AdamW | None = None
         self.head = head  # the target's acceptance head (None: not trained)
         self._head_optimizer: torch.optim.AdamW | None = None
-        self._pass: set[int] = set()  # seqs of the samples the current pass covers
-        self._done: set[int] = set()  # ... and those already trained in it
-        self._trained: dict[int, int] = {}  # seq -> passes that trained it (kept ones)
+        self._round: list[int] = []  # seqs the current round has still to train, in order
+        self._rng = random.Random(0)  # which learned turns a round replays
 
     # ------------------------------------------------------------ training
     def step(self, should_stop: ShouldStop = never) -> dict | None:
-        """Train on up to batch_size samples of the current pass; one optimizer step.
+        """Train on up to batch_size samples of the current round; one optimizer step.
 
         Returns progress ({steps, samples, loss, dm, ngram, acceptance_estimate,
         greedy_match, head_loss, head_predicted, head_observed, buffered,
-        pass_done, interrupted}; the loss terms and acceptance figures are this
+        pass_done (the round's end), interrupted}; the loss terms and acceptance figures are this
         batch's, measured before its update; head_predicted / head_observed: the
         acceptance head's mean predicted chance and the mean label), or None
         when the buffer holds nothing to train on."""
         batch = self._next_batch()
         if not batch:
             return None
+        first = {s.seq for s in self.buffer.new_samples()}  # the head learns from these
         model = self.adapters.activate(self.target_id)
         optimizer = self._optimizer_for_adapter()
         head_optimizer = self._optimizer_for_head()
@@ -136,7 +141,7 @@ class Learner:
         hooks = _stop_hooks(self.drafter_model, check) + _stop_hooks(self.target_model, check)
         try:
             _zero(optimizer, head_optimizer)
-            totals = self._accumulate(model, batch, check)
+            totals = self._accumulate(model, batch, first, check)
             if totals["used"]:
                 for p in self.adapters.parameters(self.target_id):
                     if p.grad is not None:
@@ -155,13 +160,14 @@ class Learner:
             torch.set_num_threads(threads)
         _zero(optimizer, head_optimizer)
         self.samples += len(batch)
-        self._done |= {s.seq for s in batch}
-        pass_done = not self._todo()
+        self.buffer.mark_learned({s.seq for s in batch})
+        self._round = self._round[len(batch):]
+        pass_done = not self._round
         if pass_done:
-            self._finish_pass()
+            self._finish_round()
         return {**self.progress(), **_means(totals), **head_stats, "interrupted": False, "pass_done": pass_done}
 
-    def _accumulate(self, model, batch: list[Sample], check: Check) -> dict:
+    def _accumulate(self, model, batch: list[Sample], first: set[int], check: Check) -> dict:
         """Backward of each sample's loss (so only one graph is alive at a time)."""
         totals = {"used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
                   "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
@@ -178,10 +184,10 @@ class Learner:
             totals["used"] += 1
             totals["loss"] += float(loss.detach())
             loss.backward()
-            # The head learns from a turn's first pass only: later passes label
-            # drafts of text the adapter has just trained on, which the drafter
-            # would accept more often than it does on a new turn (docs/learning.md).
-            if self.head is not None and hidden is not None and not self._trained.get(sample.seq, 0):
+            # The head learns from a turn's first pass only: replays label drafts
+            # of text the adapter has trained on, which the drafter would accept
+            # more often than it does on a new turn (docs/learning.md).
+            if self.head is not None and hidden is not None and sample.seq in first:
                 rows_of, labels = segment_labels(s, self.bridge, d_logits, t_logits, d_offset, t_offset)
                 if labels:
                     totals["head_examples"].append(head_example(hidden, d_logits, s.temperature, rows_of, labels))
@@ -250,30 +256,35 @@ class Learner:
         check()
         return s, d_logits, t_logits, hidden, d_offset, t_offset
 
-    # ------------------------------------------------------------ passes
+    # ------------------------------------------------------------ rounds
     def _next_batch(self) -> list[Sample]:
-        todo = self._todo()
-        if not todo:  # a new pass: every sample the buffer holds now
-            self._pass = {s.seq for s in self.buffer.samples()}
-            self._done = set()
-            todo = self._todo()
-        return todo[: self.batch_size]
+        live = {s.seq: s for s in self.buffer.samples()}
+        # The buffer is bounded: new turns may have pushed some of the round out.
+        self._round = [seq for seq in self._round if seq in live]
+        if not self._round:
+            self._round = self._new_round()
+        return [live[seq] for seq in self._round[: self.batch_size]]
 
-    def _todo(self) -> list[Sample]:
-        """The current pass's untrained samples still in the buffer (it is bounded,
-        so new turns may have pushed some out)."""
-        return [s for s in self.buffer.samples() if s.seq in self._pass and s.seq not in self._done]
+    def _new_round(self) -> list[int]:
+        """The turns not learned yet, then `reviews` times as many learned ones at
+        random (each at most once); empty when no turn is new."""
+        new = [s.seq for s in self.buffer.new_samples()]
+        if not new:
+            return []
+        learned = [s.seq for s in self.buffer.learned_samples()]
+        return new + self._rng.sample(learned, min(self.reviews * len(new), len(learned)))
 
-    def _finish_pass(self) -> None:
-        """Drop the samples that had their passes and save: the adapter first, so a
-        crash in between retrains some samples rather than losing what they taught."""
-        for seq in self._pass:
-            self._trained[seq] = self._trained.get(seq, 0) + 1
-        finished = {seq for seq, n in self._trained.items() if n >= self.passes}
-        self.buffer.remove(finished)
+    def work_left(self) -> int:
+        """Samples to train before the learner rests: the round's rest and new turns."""
         live = {s.seq for s in self.buffer.samples()}
-        self._trained = {seq: n for seq, n in self._trained.items() if seq in live}
-        self._pass, self._done = set(), set()
+        return len({seq for seq in self._round if seq in live} | {s.seq for s in self.buffer.new_samples()})
+
+    def _finish_round(self) -> None:
+        """Save: the adapter first, so a crash in between retrains some samples
+        rather than losing what they taught. Without replay nothing needs the
+        learned turns any more."""
+        if not self.reviews:
+            self.buffer.remove({s.seq for s in self.buffer.learned_samples()})
         try:
             self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples},
                                head=self.head.state() if self.head is not None else None)
@@ -282,7 +293,7 @@ class Learner:
             self.warnings.append(f"What the drafter learned could not be saved: {exc}")
 
     def progress(self) -> dict:
-        return {"steps": self.steps, "samples": self.samples, "buffered": len(self.buffer)}
+        return {"steps": self.steps, "samples": self.samples, "buffered": self.work_left()}
 
     # ------------------------------------------------------------ optimizer
     def _optimizer_for_adapter(self) -> torch.optim.AdamW:

@@ -1,7 +1,9 @@
 """The learner's replay buffer: recent (prompt, reply) turns for one target.
 
 OMNIDRAFT.md section 2: every served turn is appended; every I prompts the
-learner makes one pass over the buffer and clears it. The samples are the
+learner makes one pass over the buffer and clears it. Ours keeps a turn after
+its first pass, marked learned, for the learner to replay among newer ones
+(core/learning/learner.py), until the cap drops it. The samples are the
 user's own conversation (token ids decode straight back to text), so they are
 encrypted with core.storage.secure_store. Bounded: when full the oldest sample
 is dropped. A damaged file never stops the app: it is moved aside and an empty
@@ -11,8 +13,8 @@ The file is a log, so that saving after a reply costs that reply's sample, not
 the whole buffer (at its cap with long chats, 31 MiB re-encrypted in 5-9 s,
 which the reply waited for): LOG_MAGIC, then records, each a 4-byte length
 and one encrypted JSON object: {"header": {version, total_added}} first, then
-{"sample": {...}} for an added sample and {"removed": [seqs]} when a learner
-pass is done. Loading replays them into a buffer of the same cap. Each record
+{"sample": {...}} for an added sample, {"learned": [seqs]} when the learner
+has had its first pass over them and {"removed": [seqs]} when it dropped them. Loading replays them into a buffer of the same cap. Each record
 is appended and fsynced on its own; a record cut short by a kill is the log's
 end and is dropped. Once the log holds twice what is live (samples dropped or
 removed), save() rewrites it atomically from the live records' encrypted
@@ -38,7 +40,7 @@ from ..storage.secure_store import (
     load_encrypted,
 )
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: "learned" records
 LOG_MAGIC = b"OMDLOG1\n"
 _LENGTH = struct.Struct(">I")
 # The log is rewritten when it holds more than twice the live records and this much.
@@ -117,9 +119,10 @@ class ReplayBuffer:
         # it is left untouched (the key may come back), so nothing is written over it.
         self.persist = True
         self._records: dict[int, bytes] = {}  # seq -> the live sample's saved log record
-        # What changed since the last save, in order: a Sample added or a list of seqs
-        # removed (made into records when saved, so a sample can still be amended).
-        self._pending: list[Sample | list[int]] = []
+        self._learned: set[int] = set()  # seqs of live samples the learner has had a pass over
+        # What changed since the last save, in order: a Sample added, or ("removed" or
+        # "learned", seqs) (made into records when saved, so a sample can still be amended).
+        self._pending: list[Sample | tuple[str, list[int]]] = []
         self._log_bytes = 0  # the log's length on disk, as written or read
         # The next save writes the whole log: there is none yet, or it was cleared,
         # is of format 1, or ends in a record cut short.
@@ -145,21 +148,38 @@ class ReplayBuffer:
         """Oldest first."""
         return list(self._samples)
 
+    def new_samples(self) -> list[Sample]:
+        """The samples the learner has not had a pass over yet, oldest first."""
+        return [s for s in self._samples if s.seq not in self._learned]
+
+    def learned_samples(self) -> list[Sample]:
+        """The samples kept after their first pass (for replay), oldest first."""
+        return [s for s in self._samples if s.seq in self._learned]
+
+    def mark_learned(self, seqs: set[int]) -> None:
+        """The learner has had its first pass over these samples."""
+        marked = [s.seq for s in self._samples if s.seq in seqs and s.seq not in self._learned]
+        self._learned.update(marked)
+        if marked and self.persist:
+            self._pending.append(("learned", marked))
+
     def remove(self, seqs: set[int]) -> None:
-        """Drop the given samples (a finished pass), keeping any added meanwhile."""
+        """Drop the given samples, keeping any added meanwhile."""
         gone = self._drop(seqs)
         if gone and self.persist:
-            self._pending.append(gone)
+            self._pending.append(("removed", gone))
 
     def clear(self) -> None:
         self._samples.clear()
         self._records.clear()
+        self._learned.clear()
         self._pending.clear()
         self._rewrite = True
 
     def _append(self, sample: Sample) -> None:
         if len(self._samples) == self.max_samples:  # the deque drops the oldest
             self._records.pop(self._samples[0].seq, None)
+            self._learned.discard(self._samples[0].seq)
         self._samples.append(sample)
 
     def _drop(self, seqs: set[int]) -> list[int]:
@@ -170,6 +190,7 @@ class ReplayBuffer:
             self._samples.extend(kept)
             for seq in gone:
                 self._records.pop(seq, None)
+                self._learned.discard(seq)
         return gone
 
     # ------------------------------------------------------------ persistence
@@ -189,9 +210,10 @@ class ReplayBuffer:
             append_bytes(self.path, b"".join(new))
             self._log_bytes = grown
 
-    def _pending_record(self, change: Sample | list[int], live_seqs: set[int]) -> bytes:
-        if isinstance(change, list):
-            return self._record({"removed": change})
+    def _pending_record(self, change: Sample | tuple[str, list[int]], live_seqs: set[int]) -> bytes:
+        if isinstance(change, tuple):
+            kind, seqs = change
+            return self._record({kind: seqs})
         # Every added sample is logged, even one dropped since: replaying the log
         # must drop the same samples at the cap as this buffer did.
         record = self._record({"sample": asdict(change)})
@@ -201,7 +223,11 @@ class ReplayBuffer:
 
     def _write_log(self) -> None:
         header = self._record({"header": {"version": FORMAT_VERSION, "total_added": self.total_added}})
-        data = b"".join([LOG_MAGIC, header, *(self._records[s.seq] for s in self._samples)])
+        records = [self._records[s.seq] for s in self._samples]
+        learned = [s.seq for s in self._samples if s.seq in self._learned]
+        if learned:
+            records.append(self._record({"learned": learned}))
+        data = b"".join([LOG_MAGIC, header, *records])
         paths.private_dir(self.path.parent)
         atomic_write_bytes(self.path, data)
         self._log_bytes = len(data)
@@ -276,10 +302,14 @@ class ReplayBuffer:
             self._append(sample)
             self._records[sample.seq] = record
             self.total_added = max(self.total_added, sample.seq + 1)
-        elif kind == "removed":
+        elif kind in ("removed", "learned"):
             if not isinstance(value, list) or not all(type(seq) is int for seq in value):
-                raise CorruptStateError(self.path, "a removal is not a list of samples")
-            self._drop(set(value))
+                raise CorruptStateError(self.path, f"a {kind} record is not a list of samples")
+            if kind == "removed":
+                self._drop(set(value))
+            else:
+                live = {s.seq for s in self._samples}
+                self._learned.update(seq for seq in value if seq in live)
         elif kind == "header":
             total = value.get("total_added") if isinstance(value, dict) else None
             if type(total) is not int or total < 0:

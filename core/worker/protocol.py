@@ -160,7 +160,7 @@ class LearningProgress:
     samples: int = 0
     loss: float | None = None
     acceptance: float | None = None
-    buffered: int = 0
+    buffered: int = 0  # samples to train before the learner rests
     # The PauseLearning/LearnNow it answers; None for the idle steps' own reports.
     request_id: int | None = None
 
