@@ -153,7 +153,7 @@ class Engine:
         self._save_state()
         self.target = loaded  # replaced only once the new one loaded: a failure keeps the old
         for learner in self._learners.values():
-            learner.target_model = None  # _learner() rebinds it; no old model stays alive
+            learner.target_model = None  # learner() rebinds it; no old model stays alive
         self.baseline_tokens_per_s = None
         self.bridge = None
         self.draft_policy = DraftPolicy()
@@ -423,7 +423,7 @@ class Engine:
             proposed=done.stats.proposed, accepted=done.stats.accepted, temperature=temperature,
         )
 
-    def _learner(self) -> Learner:
+    def learner(self) -> Learner:
         """The current target's learner (its optimizer state outlives a switch away
         and back), bound to the target, bridge and buffer loaded now."""
         target_id = self.target.entry.id
@@ -466,7 +466,7 @@ class Engine:
         if self.target is None or self.drafter is None or not self.has_learning_work():
             return None
         target_id = self.target.entry.id
-        learner = self._learner()
+        learner = self.learner()
         if self._drafter_stale and not self._refresh_drafter(should_stop):
             return LearningStatus(target_id, "waiting", learner.steps, learner.samples,
                                   buffered=learner.work_left())

@@ -49,12 +49,12 @@ from omnidraft.core.learning.acceptance_head import (
 
 def examples(engine: Engine, samples) -> list[HeadExample]:
     """The head's training data of each reply, as the learner computes it."""
-    learner = engine._learner()
+    learner = engine.learner()
     model = learner.adapters.activate(learner.target_id)
     out = []
     with torch.no_grad():
         for s in samples:
-            fwd = learner._forward(model, s, lambda: None)
+            fwd = learner.forward(model, s)
             if fwd is None:
                 continue
             s, d_logits, t_logits, hidden, d_off, t_off = fwd
@@ -118,7 +118,7 @@ def main() -> int:
                             args.cache / f"dev-{tag}.json", replies)
         train_samples = serve(engine, read_prompts(args.train, None), args.max_new_tokens,
                               args.cache / f"train-{tag}.json")
-        saved = engine._learner().head
+        saved = engine.learner().head
         dev, train_set = examples(engine, dev_samples), examples(engine, train_samples)
         report = {
             "target": args.target, "state_dir": str(args.state_dir),

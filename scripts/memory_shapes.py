@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in engine.chat([{"role": "user", "content": "Write a long story about a lighthouse keeper."}],
                          GenerationConfig(max_new_tokens=160)):
         pass
-    learner = engine._learner()
+    learner = engine.learner()
     model = engine.adapters.activate(engine.target.entry.id)
     sample = engine.buffer.samples()[0]
     reply = len(sample.drafter_ids) - sample.drafter_prompt_len

@@ -171,12 +171,12 @@ def test_non_numeric_adapter_steps_are_set_aside_and_learning_goes_on(home, targ
 
 def test_a_crash_between_the_adapter_saves_renames_loses_nothing(home, target_dir):
     engine, learned, folder = _learned(target_dir)
-    steps = engine._learner().steps
+    steps = engine.learner().steps
     folder.rename(folder.with_name(f".{folder.name}.old"))  # as if killed between the renames
 
     again = _engine(target_dir)  # before: the drafter ran unlearned, the steps restarted
     assert torch.equal(drafter_prediction(again), learned)
-    assert again._learner().steps == steps > 0
+    assert again.learner().steps == steps > 0
     assert folder.is_dir() and not folder.with_name(f".{folder.name}.old").exists()
 
 

@@ -137,7 +137,7 @@ def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, 
     while (p := engine.idle_step()) is not None and p.state == "running":
         pass
     assert not engine.buffer.new_samples()
-    trained = engine._learner().samples
+    trained = engine.learner().samples
 
     engine.load_target(str(other), measure_baseline=False)
     engine.load_target(str(target_dir), measure_baseline=False)
@@ -148,7 +148,7 @@ def test_switching_away_and_back_keeps_learning_the_new_turns(home, target_dir, 
     assert len(engine.buffer.new_samples()) == len(PROMPTS)
     progress = engine.idle_step()
     assert progress.state == "running" and progress.samples == trained + 2
-    assert engine._learner().target_model is engine.target.model
+    assert engine.learner().target_model is engine.target.model
 
 
 def test_damaged_drafting_statistics_are_set_aside_with_a_message(home, target_dir):

@@ -173,7 +173,7 @@ class Learner:
                   "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
         for sample in batch:
             check()
-            fwd = self._forward(model, sample, check)
+            fwd = self.forward(model, sample, check)
             if fwd is None:
                 continue
             s, d_logits, t_logits, hidden, d_offset, t_offset = fwd
@@ -213,8 +213,8 @@ class Learner:
                 "head_observed": sum(float(e.labels.mean()) for e in examples) / len(examples)}
 
     def sample_loss(self, model, sample: Sample, check: Check = lambda: None) -> tuple[torch.Tensor, dict]:
-        """The hybrid loss of one (clipped) sample (see _forward)."""
-        fwd = self._forward(model, sample, check)
+        """The hybrid loss of one (clipped) sample (see forward)."""
+        fwd = self.forward(model, sample, check)
         if fwd is None:
             empty = torch.zeros((), requires_grad=True)
             return empty, {"dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
@@ -222,7 +222,7 @@ class Learner:
         s, d_logits, t_logits, _, d_offset, t_offset = fwd
         return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
 
-    def _forward(self, model, sample: Sample, check: Check):
+    def forward(self, model, sample: Sample, check: Check = lambda: None):
         """Target forward without grad, drafter forward with grad, logits only from
         the last prompt position on: (clipped sample, drafter logits, target
         logits, the drafter's final hidden states beside its logits, their
