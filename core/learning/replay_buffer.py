@@ -14,8 +14,9 @@ the whole buffer (at its cap with long chats, 31 MiB re-encrypted in 5-9 s,
 which the reply waited for): LOG_MAGIC, then records, each a 4-byte length
 and one encrypted JSON object: {"header": {version, total_added}} first, then
 {"sample": {...}} for an added sample, {"learned": [seqs]} when the learner
-has had its first pass over them and {"removed": [seqs]} when it dropped them. Loading replays them into a buffer of the same cap. Each record
-is appended and fsynced on its own; a record cut short by a kill is the log's
+has had its first pass over them and {"removed": [seqs]} when it dropped them.
+Loading replays them into a buffer of the same cap. Each record is appended
+and fsynced on its own; a record cut short by a kill is the log's
 end and is dropped. Once the log holds twice what is live (samples dropped or
 removed), save() rewrites it atomically from the live records' encrypted
 bytes, kept from when they were made: no sample is serialised or encrypted
