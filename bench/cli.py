@@ -93,12 +93,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measure, then serve every TRAIN prompt with omnidraft as the app would "
         "(record, learn between prompts), then measure again",
     )
+    p.add_argument(
+        "--learn-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --adapt: the learner runs once N new turns have gathered (default: its batch size, 8; "
+        "1: a user who leaves the learner time after every reply)",
+    )
     args = p.parse_args(argv)
     args.methods = _method_list(args.methods)
     if args.limit is not None and args.limit < 1:
         raise BenchError("--limit must be at least 1")
     if args.max_new_tokens < 1:
         raise BenchError("--max-new-tokens must be at least 1")
+    if args.learn_every is not None and args.learn_every < 1:
+        raise BenchError("--learn-every must be at least 1")
     if args.temperature < 0:
         raise BenchError("--temperature must be 0 (greedy) or positive")
     return args

@@ -375,8 +375,10 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
     user message through the chat templates, like the evaluation): each finished
     turn is recorded, and the learner runs its round in the gap before the next
     prompt once a batch of new turns has gathered (the paper's schedule, every I
-    prompts one pass, with the learner's replay of earlier turns)."""
-    batch = engine.learn_settings.batch_size
+    prompts one pass, with the learner's replay of earlier turns), or once
+    --learn-every turns have (1: as the app learns for a user who pauses after
+    every reply)."""
+    batch = args.learn_every or engine.learn_settings.batch_size
     serve_s = learn_s = 0.0
     steps_before = None
     last = None
@@ -397,6 +399,7 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
               f"{time.perf_counter() - t1:.1f} s{loss}", file=sys.stderr, flush=True)
     return {
         "train_prompts": len(train),
+        "learn_every": batch,
         "turns_recorded": engine.buffer.total_added,  # only training turns: evaluation records none
         "learn_steps": last.steps if last else 0,
         "samples_trained": last.samples if last else 0,

@@ -298,12 +298,13 @@ def test_drafting_figures_split_acceptance_by_source_and_compare_predicted_with_
     assert drafting_figures(engine_totals([runners.Output([1], 1.0, 1, TurnStats(method="target"))]), 1) is None
 
 
-@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize(("chat", "learn_every"), [(False, None), (True, 1)])
 def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_path, smol_tok, gemma_tok,
-                                                                             monkeypatch, chat):
+                                                                             monkeypatch, chat, learn_every):
     """--adapt: before/after in one run, the learner ran, and evaluation taught
     the engine nothing (the replay buffer only ever saw training prompts); with
-    --chat the training turns are recorded as chat turns, as the app records them."""
+    --chat the training turns are recorded as chat turns, as the app records them;
+    --learn-every 1 learns after every turn."""
     from omnidraft.core.learning.replay_buffer import ReplayBuffer
 
     from tests.tiny import tiny_gemma3
@@ -325,17 +326,21 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
         "--target", str(target), "--prompts", str(evals), "--adapt", str(train), "--dtype", "fp32",
         "--methods", "target,omnidraft", "--max-new-tokens", "8", "--json", str(out),
         "--state-dir", str(tmp_path / "state"), *(["--chat"] if chat else []),
+        *(["--learn-every", str(learn_every)] if learn_every else []),
     ])
     assert rc == 0
     report = json.loads(out.read_text())
     adapt = report["adapt"]
     assert [s.target_ids[: s.target_prompt_len] for s in recorded] == [
         runners.prompt_ids(gemma_tok, p, chat) for p in prompts]
-    assert adapt["train_prompts"] == 9 and adapt["learn_steps"] >= 2
+    assert adapt["train_prompts"] == 9
     assert adapt["turns_recorded"] == 9  # no warm-up or evaluation turn among them
-    # The first 8 turns learned once when they had gathered, then the ninth with
-    # `reviews` of them replayed.
-    assert adapt["samples_trained"] == 8 + 1 + LearnSettings.reviews
+    if learn_every == 1:  # each turn learned at once, with up to `reviews` earlier ones replayed
+        assert adapt["learn_every"] == 1 and adapt["learn_steps"] == 9
+        assert adapt["samples_trained"] == sum(1 + min(i, LearnSettings.reviews) for i in range(9))
+    else:  # the first 8 turns learned once when they had gathered, then the ninth with `reviews` of them
+        assert adapt["learn_every"] == LearnSettings.batch_size and adapt["learn_steps"] >= 2
+        assert adapt["samples_trained"] == 8 + 1 + LearnSettings.reviews
     assert set(adapt["before"]) == set(adapt["after"]) == {"target", "omnidraft"}
     assert adapt["greedy_identical_before"] == adapt["greedy_identical_after"] == 1.0
     assert adapt["after"]["target"]["speedup"] == 1.0
