@@ -253,8 +253,8 @@ def build_report(
 
 def format_adapt(adapt: dict) -> str:
     lines = [
-        (f"adapt: {adapt['train_prompts']} training prompts served, the learner run after every "
-        f"{adapt['learn_every']} new turns: {adapt['learn_steps']} learner steps, "
+        (f"adapt: {adapt['train_prompts']} training prompts served, learning once "
+        f"{adapt['learn_every']} new turn(s) gathered: {adapt['learn_steps']} learner steps, "
         f"{adapt['ngram_cache_entries']} n-gram entries"),
         (f"{'method':<10} {'before tok/s':>13} {'after tok/s':>12} {'before x':>9} {'after x':>8} "
         f"{'accept before':>14} {'accept after':>13} {'decoding x before':>18} {'after':>6}"),
