@@ -378,7 +378,7 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
     prompts one pass, with the learner's replay of earlier turns), or once
     --learn-every turns have (1: as the app learns for a user who pauses after
     every reply)."""
-    batch = args.learn_every or engine.learn_settings.batch_size
+    learn_every = args.learn_every or engine.learn_settings.batch_size
     serve_s = learn_s = 0.0
     steps_before = None
     last = None
@@ -387,7 +387,7 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
         for _ in prompt_events(engine, row["prompt"], prompt_config(args, i), True, args.chat):
             pass
         t1 = time.perf_counter()
-        if len(engine.buffer.new_samples()) >= batch or i == len(train) - 1:
+        if len(engine.buffer.new_samples()) >= learn_every or i == len(train) - 1:
             while (progress := engine.idle_step()) is not None and progress.state == "running":
                 steps_before = progress.steps if steps_before is None else steps_before
                 last = progress
@@ -399,7 +399,7 @@ def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dic
               f"{time.perf_counter() - t1:.1f} s{loss}", file=sys.stderr, flush=True)
     return {
         "train_prompts": len(train),
-        "learn_every": batch,
+        "learn_every": learn_every,
         "turns_recorded": engine.buffer.total_added,  # only training turns: evaluation records none
         "learn_steps": last.steps if last else 0,
         "samples_trained": last.samples if last else 0,
