@@ -52,7 +52,7 @@ def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
     # ending in a short one (352 inputs: 3 groups)
     for q4 in (_layer(), _layer_k(), _layer_k(k=352)):
         k = q4.q.shape[1]
-        x = torch.randn(11, k)
+        x = torch.randn(11, k, generator=torch.Generator().manual_seed(k))  # the same rows for every build
         x[4] *= 300  # an outlier row
         got = int4.q4_mm(x, q4.packed(), 256, q4.kind, isa)
         # The kernel's arithmetic: each row on its own int8 scale, exact integer products.
@@ -143,6 +143,8 @@ def test_the_avx512_decoder_stack_computes_what_the_avx2_one_does_under_emulatio
             out += [net.forward(list(range(100, 137)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11, 12])[0]]
         return out
 
+    real = int4._library
+    monkeypatch.setattr(int4, "_library", lambda isa=None: real(isa or "avx2"))
     want = run()
     monkeypatch.setattr(int4, "_library", lambda isa=None: emulated_avx512)
     for got, expected in zip(run(), want):
@@ -157,6 +159,29 @@ def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
     alone = torch.cat([layer(x[i : i + 1]) for i in range(20)])
     assert torch.equal(batched, alone)  # 20 rows: two full chunks of 8 and a partial one
     assert torch.equal(layer(x[:5]), batched[:5])
+
+
+@pytest.mark.skipif(not int4.amx_rows(), reason="no AMX tiles here (CPU or OS)")
+def test_long_blocks_of_rows_run_on_amx_tiles_in_bf16_and_short_ones_keep_the_integer_bits():
+    """A prompt-sized block runs on AMX (the weights dequantized to bf16 tiles):
+    close to the exact product, each row independent of the rows beside it; a
+    block shorter than amx_rows (a verification, a step) keeps the integer
+    kernel's bits. Each layout, an odd count of 16-channel columns, a row ending
+    in a short Q4_K superblock, a partial block of 16 rows."""
+    rows = int4.amx_rows()
+    integer = next(isa for isa in int4.runnable_isas() if isa != "amx")
+    for form in (_layer(), _layer_k(n=272, k=352), _layer6()):
+        n, k = form.q.shape
+        x = torch.randn(rows + 21, k)
+        x[5] *= 300
+        got = int4.q4_mm(x, form.packed(), n, form.kind, "amx")
+        exact = x.double() @ form.weight().double().T
+        assert float((got.double() - exact).norm() / exact.norm()) < 4e-3  # bf16's 8 bits (int8 rows: ~8e-3)
+        again = int4.q4_mm(torch.cat([x[rows:], torch.randn(rows, k), x[:rows]]), form.packed(), n, form.kind, "amx")
+        assert torch.equal(again[-rows:], got[:rows]) and torch.equal(again[: x.shape[0] - rows], got[rows:])
+        short = x[: rows - 1]
+        assert torch.equal(int4.q4_mm(short, form.packed(), n, form.kind, "amx"),
+                           int4.q4_mm(short, form.packed(), n, form.kind, integer))
 
 
 def _gguf_of(path, kind: GGMLQuantizationType, block_bytes: int, names: list[str], n=32, k=512, seed=0):
@@ -312,6 +337,11 @@ def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_laye
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
     monkeypatch.setattr(lean_llama, "_STACK_ROWS", 16)
+    # The torch layers take the 50-row prompt in one product, the stack in 16-row
+    # calls: both on the integer kernel (AMX would take the long block in bf16).
+    real = int4._library
+    integer = next(isa for isa in int4.runnable_isas() if isa != "amx")
+    monkeypatch.setattr(int4, "_library", lambda isa=None: real(isa or integer))
     model = tiny_qwen2(len(qwen_tok), seed=6)
     quantize_int8(model, _file_like)
     assert int4_count(model, bits=6) == 2 * len(model.model.layers) + 1
@@ -333,6 +363,29 @@ def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_laye
         reference = model(torch.tensor([list(range(100, 150))])).logits[0]
     net.reset()
     torch.testing.assert_close(net.forward(list(range(100, 150)))[0], reference, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.skipif(not int4.amx_rows(), reason="no AMX tiles here (CPU or OS)")
+def test_a_prompt_read_before_gives_a_4_bit_target_the_logits_a_fresh_read_gives(qwen_tok, monkeypatch):
+    """On AMX a long prompt's rows run in bf16 and a short block's in integers, so
+    a kept prefix leaves a long block to recompute: the benchmark's methods one
+    after another, a regenerated reply, pick their first token from the same bits
+    as a fresh prompt read."""
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    model = tiny_qwen2(len(qwen_tok), seed=6)
+    quantize_int8(model, _file_like)
+    prompt = list(range(100, 150))
+    runner = TargetRunner(model)
+    assert runner.net.fresh_rows == int4.amx_rows()
+    first = runner.session()
+    first.forward(prompt, last=1)
+    first.forward([7, 8, 9])  # the reply's steps
+    again = runner.session()
+    got = again.forward(prompt, last=1)
+    assert again.reused == len(prompt) - int4.amx_rows()
+    assert torch.equal(got, TargetRunner(model).session().forward(prompt, last=1))
 
 
 @pytest.mark.parametrize("build", ["llama", "qwen2", "llama+adapter"])

@@ -14,8 +14,12 @@ on first use with the system's C compiler into the cache folder and loaded with
 ctypes (which releases the GIL during the call). It links the OpenMP runtime
 torch already loaded, so its threads are torch's. It is written for AVX-512
 with VNNI and for AVX2 (with FMA and F16C, as most desktop CPUs have; ISAS),
-built for the best the CPU runs; without either or a compiler, targets keep int8
-weights (core/models/quantize.py) and model info says why.
+built for the best the CPU runs and the compiler builds; without either or a
+compiler, targets keep int8 weights (core/models/quantize.py) and model info
+says why. Where the CPU has AMX (Xeons since Sapphire Rapids, Xeon W
+workstations), a product of amx_rows() rows or more (a prompt's prefill) runs
+on its bf16 tiles, ~2-3x the integer kernel's rate there (docs/speed.md);
+OMNIDRAFT_KERNEL_ISA=avx512vnni (or avx2) picks a build by name.
 
 Which tensors: a target's layers its GGUF file stores as Q4_K or Q6_K, read
 from the file and checked against the loaded weight (read_q4_k, read_q6_k,
@@ -39,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -64,6 +69,12 @@ _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 # FMA and F16C, which most desktop CPUs have (VPMADDUBSW; same results, more
 # instructions). Name -> (the CPU flags it needs, compiler flags).
 ISAS = {
+    # AVX-512 VNNI plus AMX's bf16 tiles for products of many rows (a prompt's
+    # prefill): the few-row products are the same integer code as avx512vnni's.
+    "amx": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c", "avx512_bf16", "amx_tile",
+             "amx_bf16"),
+            ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-mavx512bf16",
+             "-mamx-tile", "-mamx-bf16"]),
     "avx512vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
                    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
@@ -89,17 +100,18 @@ def runnable_isas() -> list[str]:
     return [name for name, (needs, _) in ISAS.items() if cpu_flags().issuperset(needs)]
 
 
-def _best_isa() -> str | None:
-    return next(iter(runnable_isas()), None)
-
-
 @functools.cache
 def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
-    """The kernels built for `isa` (default: the best this CPU runs)."""
+    """The kernels built for `isa` (default: the best this CPU runs that this
+    compiler builds: an older gcc has no AMX intrinsics)."""
     if not sys.platform.startswith("linux"):
         return KernelUnavailable("the 4-bit kernel is built for Linux only")
-    isa = isa or _best_isa()
     if isa is None:
+        chosen = os.environ.get("OMNIDRAFT_KERNEL_ISA")  # to compare builds, or to step around one
+        builds = [_library(name) for name in runnable_isas() if chosen in (None, name)]
+        usable = [lib for lib in builds if not isinstance(lib, KernelUnavailable)]
+        if usable or builds:
+            return (usable or builds)[0]
         return KernelUnavailable("this CPU has neither AVX2 (with FMA and F16C) nor AVX-512 VNNI")
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -117,7 +129,9 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
             if done.returncode != 0:
                 return KernelUnavailable(f"the 4-bit kernel did not build: {done.stderr.strip()[-300:]}")
             out.replace(built)  # atomic: a second process never loads half a file
-    return bind(ctypes.CDLL(str(built)))
+    lib = bind(ctypes.CDLL(str(built)))
+    lib.isa = isa
+    return lib
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -126,6 +140,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.q4_gemm.restype = ctypes.c_int
     lib.q4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.amx_rows.restype = ctypes.c_int
+    lib.amx_rows.argtypes = []
     lib.decoder_stack.restype = ctypes.c_int
     lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
@@ -135,7 +151,17 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def kernel_isa() -> str | None:
     """The instruction set the kernels run with here (None: they cannot run)."""
-    return _best_isa() if unavailable() is None else None
+    lib = _library()
+    if isinstance(lib, KernelUnavailable):
+        return None
+    isa = getattr(lib, "isa", None)  # a build loaded from elsewhere (tests) says none
+    return "avx512vnni" if isa == "amx" and not lib.amx_rows() else isa
+
+
+def amx_rows(isa: str | None = None) -> int:
+    """Rows from which a product runs on AMX tiles (bf16) here; 0: never."""
+    lib = _library(isa)
+    return 0 if isinstance(lib, KernelUnavailable) else lib.amx_rows()
 
 
 def unavailable() -> str | None:

@@ -425,6 +425,211 @@ static inline __attribute__((always_inline)) void q6k_column(
 }
 #endif
 
+#ifdef __AMX_BF16__
+/* Long row blocks (a prompt's prefill, the drafter's prompt read) on AMX tiles: the
+   products of many rows are compute-bound, and VPDPBUSD reaches ~0.5 TFLOPS on two
+   cores where AMX's bf16 tiles multiply 16 x 16 x 32 at once. Each thread
+   dequantizes two block columns (32 channels) to bf16 in the tiles' layout, once
+   per call, then runs every row block over them. The rows go in as bf16: a row's
+   result still depends on that row alone, but not on the same bits as the
+   few-row path, so a speculative verification (k + 1 <= 9 rows) and a one-token
+   step keep the integer kernel above and stay bit-identical (docs/speed.md). */
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_ROWS 32          /* rows from which a product runs on tiles */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define TILE_BF16 512        /* bf16 values a tile holds: 16 rows of 64 bytes */
+
+/* Linux lends the tile registers to a process that asks (5.16 and later). */
+static int amx_granted(void) {
+    static int state = 0; /* 0 not asked, 1 granted, -1 refused; asked from the calling thread */
+    if (!state) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+    return state > 0;
+}
+
+int amx_rows(void) { return amx_granted() ? AMX_ROWS : 0; }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Tiles 0-3: results (two row blocks x two block columns), 4-5: rows, 6-7: weights. */
+static void configure_tiles(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    _tile_loadconfig(&c);
+}
+
+/* One nibble register's 64 weights (16 channels x inputs 4t..4t+3, byte 4j+b:
+   channel j, input 4t+b) as w = S q - M, into the weight tile's rows 2t and 2t+1
+   (row i holds, per channel j, the bf16 pair of inputs 2i and 2i+1). s[qd], m[qd]:
+   the channels' S and M spread to match the register's quarter qd (channels
+   4qd..4qd+3, four lanes each). */
+static inline __attribute__((always_inline)) void emit_bf16(__m512i w, const __m512 s[4], const __m512 m[4],
+                                                            uint16_t *rows) {
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+#define QUARTER(qd) \
+    _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(w, qd))), s[qd], m[qd])
+    __m512i low = (__m512i)_mm512_cvtne2ps_pbh(QUARTER(1), QUARTER(0)); /* channels 0-7: dword 2j+h */
+    __m512i high = (__m512i)_mm512_cvtne2ps_pbh(QUARTER(3), QUARTER(2));
+#undef QUARTER
+    _mm512_storeu_si512((void *)rows, _mm512_permutex2var_epi32(low, even, high));
+    _mm512_storeu_si512((void *)(rows + 32), _mm512_permutex2var_epi32(low, odd, high));
+}
+
+/* The 16 channels' S and M spread for each quarter of a nibble register. */
+static inline __attribute__((always_inline)) void spread(__m512 s, __m512 m, __m512 ss[4], __m512 ms[4]) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int qd = 0; qd < 4; qd++) {
+        __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(4 * qd), _mm512_srli_epi32(lane, 2));
+        ss[qd] = _mm512_permutexvar_ps(idx, s), ms[qd] = _mm512_permutexvar_ps(idx, m);
+    }
+}
+
+/* A block column's weights as bf16 weight tiles, one per group of 32 inputs. */
+static void dequantize_column(int kind, const uint8_t *column, int64_t groups, uint16_t *out) {
+    __m512 ss[4], ms[4];
+    if (kind == LAYOUT_Q4_K) {
+        const uint8_t *head = column;
+        for (int64_t g0 = 0; g0 < groups; g0 += SUPER_GROUPS) {
+            int count = groups - g0 < SUPER_GROUPS ? (int)(groups - g0) : SUPER_GROUPS;
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
+            __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
+            const uint8_t *first = head + SUPER_HEAD;
+            for (int i = 0; i < count; i++) {
+                const uint8_t *b = first + i * GROUP_BYTES;
+                __m512i w[8];
+                nibbles(b, w);
+                __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 256))));
+                __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 272))));
+                spread(_mm512_mul_ps(d, sc), _mm512_mul_ps(dmin, mn), ss, ms);
+                for (int t = 0; t < 8; t++) emit_bf16(w[t], ss, ms, out + (g0 + i) * TILE_BF16 + 64 * t);
+            }
+            head = first + count * GROUP_BYTES;
+        }
+    } else if (kind == LAYOUT_Q6_K) {
+        const __m512i pair = _mm512_set1_epi8(0x30);
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *b = column + g * Q6_BLOCK_BYTES;
+            __m512i w[8];
+            nibbles(b, w);
+            for (int s = 0; s < 2; s++) {
+                __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
+                w[4 * s] = _mm512_or_si512(w[4 * s], _mm512_and_si512(_mm512_slli_epi16(hb, 4), pair));
+                w[4 * s + 1] = _mm512_or_si512(w[4 * s + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), pair));
+                w[4 * s + 2] = _mm512_or_si512(w[4 * s + 2], _mm512_and_si512(hb, pair));
+                w[4 * s + 3] = _mm512_or_si512(w[4 * s + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), pair));
+                __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
+                spread(sc, _mm512_mul_ps(sc, _mm512_set1_ps(32.0f)), ss, ms); /* s (q - 32) */
+                for (int f = 0; f < 4; f++) emit_bf16(w[4 * s + f], ss, ms, out + g * TILE_BF16 + 64 * (4 * s + f));
+            }
+        }
+    } else {
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *b = column + g * Q4_BLOCK_BYTES;
+            __m512i w[8];
+            nibbles(b, w);
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
+            __m512 z = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 288)));
+            spread(s, _mm512_sub_ps(_mm512_setzero_ps(), z), ss, ms); /* s q + z */
+            for (int t = 0; t < 8; t++) emit_bf16(w[t], ss, ms, out + g * TILE_BF16 + 64 * t);
+        }
+    }
+}
+
+/* Row r of x as bf16 (rows past m: zeros, so whole row blocks can run). */
+static void bf16_row(const float *x, int64_t m, int64_t k, int64_t r, uint16_t *out) {
+    for (int64_t i = 0; i < k; i += 16) {
+        __m256i v = r < m ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * k + i)) : _mm256_setzero_si256();
+        _mm256_storeu_si256((__m256i *)(out + r * k + i), v);
+    }
+}
+
+/* Block columns c and c + 1 (when c + 1 < columns) for every row block, from their
+   weight tiles wt (two columns' worth). */
+static void amx_columns(const uint16_t *xb, int64_t m, int64_t padded, int64_t k, const uint16_t *wt, int64_t c,
+                        int64_t columns, float *y, int64_t ldy) {
+    int64_t groups = k / GROUP, stride = k * 2;
+    const uint16_t *w0 = wt, *w1 = wt + groups * TILE_BF16;
+    float out[4][16 * 16];
+    for (int64_t r0 = 0; r0 < padded; r0 += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const uint16_t *a0 = xb + r0 * k, *a1 = a0 + 16 * k;
+        for (int64_t g = 0; g < groups; g++) {
+            _tile_loadd(4, a0 + g * GROUP, stride);
+            _tile_loadd(5, a1 + g * GROUP, stride);
+            _tile_loadd(6, w0 + g * TILE_BF16, 64);
+            _tile_loadd(7, w1 + g * TILE_BF16, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, out[0], 64);
+        _tile_stored(1, out[1], 64);
+        _tile_stored(2, out[2], 64);
+        _tile_stored(3, out[3], 64);
+        for (int half = 0; half < 2; half++)
+            for (int side = 0; side < 2 && c + side < columns; side++)
+                for (int64_t i = 0; i < 16 && r0 + 16 * half + i < m; i++)
+                    memcpy(y + (r0 + 16 * half + i) * ldy + (c + side) * CHANNELS, out[2 * half + side] + 16 * i,
+                           sizeof(float) * CHANNELS);
+    }
+}
+
+static int amx_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t column_bytes,
+                    int64_t n, float *y, int64_t ldy, int threads, const Beside *beside) {
+    int64_t padded = (m + 31) / 32 * 32, columns = n / CHANNELS, pairs = (columns + 1) / 2, groups = k / GROUP;
+    uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(padded * k));
+    if (!xb) return -1;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        uint16_t *wt = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(2 * groups * TILE_BF16));
+        if (!wt) failed = 1;
+#pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < padded; r++) bf16_row(x, m, k, r, xb);
+        if (beside) {
+#pragma omp for schedule(static) nowait
+            for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
+        }
+#pragma omp barrier
+        if (wt) configure_tiles();
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) {
+            if (!wt) continue;
+            int64_t c = 2 * p;
+            dequantize_column(kind, weights + c * column_bytes, groups, wt);
+            if (c + 1 < columns)
+                dequantize_column(kind, weights + (c + 1) * column_bytes, groups, wt + groups * TILE_BF16);
+            else
+                memset(wt + groups * TILE_BF16, 0, sizeof(uint16_t) * (size_t)(groups * TILE_BF16));
+            amx_columns(xb, m, padded, k, wt, c, columns, y, ldy);
+        }
+        if (wt) _tile_release();
+        free(wt);
+        if (beside) {
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
+        }
+    }
+    free(xb);
+    return failed ? -1 : 0;
+}
+#else
+int amx_rows(void) { return 0; }
+#endif
+
 #define ROWS_CASE(R, COLUMN)                                                                               \
     case R:                                                                                                \
         COLUMN(column, groups, xq + r0 * k, sums + r0 * stride, stride, row_scale + r0, k, R,              \
@@ -448,6 +653,10 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
     case LAYOUT_Q6_K: column_bytes = groups * Q6_BLOCK_BYTES; break;
     default: return -1;
     }
+#ifdef __AMX_BF16__
+    if (m >= AMX_ROWS && amx_granted())
+        return amx_gemm(kind, x, m, k, weights, column_bytes, n, y, ldy, threads, beside);
+#endif
     int64_t width = kind == LAYOUT_Q6_K ? 16 : GROUP, per_row = k / width;
     /* A row's sums, padded with a zero to an even count: the Q4_K kernel reads them in pairs. */
     int64_t stride = per_row + per_row % 2;

@@ -24,3 +24,6 @@ int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weigh
 /* The product with `beside` (NULL: nothing) run along. */
 int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
                 int64_t ldy, int threads, const Beside *beside);
+/* Rows from which a product runs on AMX tiles in bf16 (int4_gemm.c); 0: never here
+   (a build without AMX, or the OS did not lend the tiles). */
+int amx_rows(void);

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
 from .int4 import Q4_1, DecoderStack, Int4Linear, q4_mm, runs_in_stack
+from .int4 import amx_rows as int4_amx_rows
 from .int4 import fit as int4_fit
 from .int4 import join as int4_join
 from .int4 import unavailable as int4_unavailable
@@ -180,6 +181,12 @@ class LeanLlama:
         self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.dtype)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
         self.ids: list[int] = []  # the tokens whose keys/values the buffer holds, in order
+        # Where the 4-bit kernel runs products of many rows on AMX tiles (bf16) and
+        # fewer in integers (int4.py), a row's keys/values depend on the block it
+        # ran in: a target's kept prefix leaves at least a block that large to
+        # recompute (the drafter's rows only change its speed).
+        low_bit = share and any(isinstance(m, Int4Linear) for m in inner.modules())
+        self.fresh_rows = max(1, int4_amx_rows()) if low_bit else 1
 
     @classmethod
     def sharing(cls, hf_model, max_len: int, dtype: torch.dtype = torch.float32) -> LeanLlama:
@@ -291,10 +298,13 @@ class LeanLlama:
     def reuse(self, ids: list[int], compute: int = 1) -> int:
         """Keep the longest prefix of ids the buffer already holds (a previous
         reply's prompt, a conversation's earlier turns), leaving at least the last
-        `compute` ids to be run; forget the rest. Returns how many ids are kept.
-        Rows are computed independently of the rows beside them, so a kept prefix
-        has the keys/values recomputing it would give."""
-        common = common_prefix(self.ids, ids, len(ids) - compute)
+        `compute` ids to be run (at least fresh_rows); forget the rest. Returns
+        how many ids are kept. A row's result does not depend on the rows beside
+        it, only on whether its block was long enough for AMX; so a prompt run
+        before (a regenerated reply, the benchmark's methods one after another)
+        gives the first token a fresh run would. A previous reply's rows, run a
+        few at a time, differ from a fresh prompt read's in rounding only."""
+        common = common_prefix(self.ids, ids, len(ids) - max(compute, self.fresh_rows))
         self.rollback(common)
         return common
 
