@@ -206,28 +206,33 @@ static inline __attribute__((always_inline)) void q4_column(
         _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
 }
 
-/* 6-bit: the nibble registers as above, each completed by its high bit pair; per
-   16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
+/* A Q6_K group's q (0..63) in the nibble registers' layout: each low nibble
+   completed by its high bit pair. */
+static inline __attribute__((always_inline)) void six_bits(const uint8_t *b, __m512i w[8]) {
+    const __m512i pair = _mm512_set1_epi8(0x30);
+    nibbles(b, w);
+    for (int s = 0; s < 2; s++) {
+        __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
+        w[4 * s] = _mm512_or_si512(w[4 * s], _mm512_and_si512(_mm512_slli_epi16(hb, 4), pair));
+        w[4 * s + 1] = _mm512_or_si512(w[4 * s + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), pair));
+        w[4 * s + 2] = _mm512_or_si512(w[4 * s + 2], _mm512_and_si512(hb, pair));
+        w[4 * s + 3] = _mm512_or_si512(w[4 * s + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), pair));
+    }
+}
+
+/* 6-bit: per 16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
 static inline __attribute__((always_inline)) void q6k_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *part_sum, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    const __m512i pair = _mm512_set1_epi8(0x30);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
         ahead(b, Q6_BLOCK_BYTES);
         __m512i w[8];
-        nibbles(b, w);
+        six_bits(b, w);
         __m512 sc[2];
-        for (int s = 0; s < 2; s++) {
-            __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
-            w[4 * s] = _mm512_or_si512(w[4 * s], _mm512_and_si512(_mm512_slli_epi16(hb, 4), pair));
-            w[4 * s + 1] = _mm512_or_si512(w[4 * s + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), pair));
-            w[4 * s + 2] = _mm512_or_si512(w[4 * s + 2], _mm512_and_si512(hb, pair));
-            w[4 * s + 3] = _mm512_or_si512(w[4 * s + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), pair));
-            sc[s] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
-        }
+        for (int s = 0; s < 2; s++) sc[s] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
         for (int r = 0; r < rows; r++) {
             const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
             for (int s = 0; s < 2; s++) {
@@ -515,17 +520,11 @@ static void dequantize_column(int kind, const uint8_t *column, int64_t groups, u
             head = first + count * GROUP_BYTES;
         }
     } else if (kind == LAYOUT_Q6_K) {
-        const __m512i pair = _mm512_set1_epi8(0x30);
         for (int64_t g = 0; g < groups; g++) {
             const uint8_t *b = column + g * Q6_BLOCK_BYTES;
             __m512i w[8];
-            nibbles(b, w);
+            six_bits(b, w);
             for (int s = 0; s < 2; s++) {
-                __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
-                w[4 * s] = _mm512_or_si512(w[4 * s], _mm512_and_si512(_mm512_slli_epi16(hb, 4), pair));
-                w[4 * s + 1] = _mm512_or_si512(w[4 * s + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), pair));
-                w[4 * s + 2] = _mm512_or_si512(w[4 * s + 2], _mm512_and_si512(hb, pair));
-                w[4 * s + 3] = _mm512_or_si512(w[4 * s + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), pair));
                 __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
                 spread(sc, _mm512_mul_ps(sc, _mm512_set1_ps(32.0f)), ss, ms); /* s (q - 32) */
                 for (int f = 0; f < 4; f++) emit_bf16(w[4 * s + f], ss, ms, out + g * TILE_BF16 + 64 * (4 * s + f));
