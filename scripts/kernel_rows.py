@@ -1,6 +1,8 @@
 """The 4-bit kernel alone: milliseconds for a 8960 x 1536 product (a Qwen 1.5B MLP
-projection) of 1 to 64 rows, and nanoseconds per 16 x 32 block and row, on the
-kernel build this CPU runs (`--isa` picks another runnable one). Medians of --reps.
+projection) of 1 to 256 rows (a prompt's block; from int4.amx_rows() rows on AMX
+tiles where the CPU has them), nanoseconds per 16 x 32 block and row, and the
+multiply-adds' rate, on the kernel build this CPU runs (`--isa` picks another
+runnable one: `--isa avx512vnni` against `--isa amx`). Medians of --reps.
 
 With --layers N: the products of N Qwen2.5-1.5B-shaped layers (q/k/v, o, gate/up,
 down; 29 MB of 4-bit weights each, so 28 layers outgrow any CPU cache) for 1 to
@@ -20,7 +22,7 @@ import time
 import torch
 from omnidraft.core.models import int4
 
-ROWS = (1, 2, 3, 4, 8, 16, 64)
+ROWS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
 STREAM_ROWS = (1, 2, 3, 4, 5, 8)
 # (inputs, outputs) of one Qwen2.5-1.5B layer's products: q/k/v, o, gate/up, down
 QWEN_LAYER = ((1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536))
@@ -77,7 +79,8 @@ def main() -> None:
             int4.q4_mm(x, packed, n, int4.Q4_K, args.isa)
             times.append(time.perf_counter() - start)
         ms = 1000 * statistics.median(times)
-        print(f"{m:3d} rows  {ms:7.3f} ms  {ms / m:6.3f} ms a row  {ms * 1e6 / (blocks * m):6.2f} ns per block-row")
+        print(f"{m:3d} rows  {ms:7.3f} ms  {ms / m:6.3f} ms a row  {ms * 1e6 / (blocks * m):6.2f} ns per block-row"
+              f"  {2 * m * n * k / ms / 1e9:5.2f} TFLOP/s")
 
 
 if __name__ == "__main__":
