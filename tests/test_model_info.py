@@ -97,6 +97,19 @@ def test_no_model_loaded_is_a_clear_error(home):
         Engine(ModelCatalog()).describe_target()
 
 
+def test_a_kernel_build_asked_for_by_name_that_this_cpu_cannot_run_is_named(monkeypatch):
+    from omnidraft.core.models import int4
+
+    monkeypatch.setenv("OMNIDRAFT_KERNEL_ISA", "avx1024")
+    monkeypatch.setattr(int4, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    int4._library.cache_clear()
+    try:
+        assert int4.kernel_isa() is None
+        assert int4.unavailable() == "OMNIDRAFT_KERNEL_ISA=avx1024 is not a build this CPU runs (avx2)"
+    finally:
+        int4._library.cache_clear()
+
+
 def test_a_cpu_the_4_bit_kernels_cannot_run_on_is_named_with_the_reason(monkeypatch):
     from omnidraft.core.models import int4
 

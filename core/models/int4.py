@@ -112,6 +112,9 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
         usable = [lib for lib in builds if not isinstance(lib, KernelUnavailable)]
         if usable or builds:
             return (usable or builds)[0]
+        if chosen and runnable_isas():
+            return KernelUnavailable(f"OMNIDRAFT_KERNEL_ISA={chosen} is not a build this CPU runs "
+                                     f"({', '.join(runnable_isas())})")
         return KernelUnavailable("this CPU has neither AVX2 (with FMA and F16C) nor AVX-512 VNNI")
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
