@@ -27,6 +27,17 @@ from tests.tiny import tiny_qwen2
 pytestmark = pytest.mark.skipif(int4.unavailable() is not None, reason=f"{int4.unavailable()}")
 
 
+def _integer_isa() -> str:
+    """The best build this CPU runs without AMX's bf16 tiles (integer products at every row count)."""
+    return next(isa for isa in int4.runnable_isas() if isa != "amx")
+
+
+def _default_build(monkeypatch, isa: str) -> None:
+    """Products that name no build run on `isa`'s."""
+    real = int4._library
+    monkeypatch.setattr(int4, "_library", lambda name=None: real(name or isa))
+
+
 def _layer(n=256, k=512, seed=0) -> int4.Q4:
     """Random 4-bit weights in groups (fit's form, the drafter's)."""
     g = torch.Generator().manual_seed(seed)
@@ -143,8 +154,7 @@ def test_the_avx512_decoder_stack_computes_what_the_avx2_one_does_under_emulatio
             out += [net.forward(list(range(100, 137)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11, 12])[0]]
         return out
 
-    real = int4._library
-    monkeypatch.setattr(int4, "_library", lambda isa=None: real(isa or "avx2"))
+    _default_build(monkeypatch, "avx2")
     want = run()
     monkeypatch.setattr(int4, "_library", lambda isa=None: emulated_avx512)
     for got, expected in zip(run(), want):
@@ -169,7 +179,7 @@ def test_long_blocks_of_rows_run_on_amx_tiles_in_bf16_and_short_ones_keep_the_in
     kernel's bits. Each layout, an odd count of 16-channel columns, a row ending
     in a short Q4_K superblock, a partial block of 16 rows."""
     rows = int4.amx_rows()
-    integer = next(isa for isa in int4.runnable_isas() if isa != "amx")
+    integer = _integer_isa()
     for form in (_layer(), _layer_k(n=272, k=352), _layer6()):
         n, k = form.q.shape
         x = torch.randn(rows + 21, k)
@@ -339,9 +349,7 @@ def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_laye
     monkeypatch.setattr(lean_llama, "_STACK_ROWS", 16)
     # The torch layers take the 50-row prompt in one product, the stack in 16-row
     # calls: both on the integer kernel (AMX would take the long block in bf16).
-    real = int4._library
-    integer = next(isa for isa in int4.runnable_isas() if isa != "amx")
-    monkeypatch.setattr(int4, "_library", lambda isa=None: real(isa or integer))
+    _default_build(monkeypatch, _integer_isa())
     model = tiny_qwen2(len(qwen_tok), seed=6)
     quantize_int8(model, _file_like)
     assert int4_count(model, bits=6) == 2 * len(model.model.layers) + 1
