@@ -50,6 +50,12 @@ the cost of several rows (docs/speed.md).
 #define SUPER_HEAD 64      /* a Q4_K superblock's d and dmin */
 #define GROUP_BYTES 288    /* a Q4_K group's nibbles, sc and m */
 #define Q6_BLOCK_BYTES 448
+/* Buffers on whole cache lines: a 64-byte load (a tile row, a vector of 64 bytes)
+   that straddles two lines costs two reads; with malloc's 16-byte alignment a
+   product of 200 rows on AMX tiles ran 1.6x slower in some processes than in
+   others (scripts/kernel_ab.py --gemm --rows 200). */
+static void *lines(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 #define MAX_ROWS 8
 
 /* One row to int8 on its own scale (absmax / 127), and the sums of its int8 values
@@ -589,12 +595,12 @@ static void amx_columns(const uint16_t *xb, int64_t m, int64_t padded, int64_t k
 static int amx_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t column_bytes,
                     int64_t n, float *y, int64_t ldy, int threads, const Beside *beside) {
     int64_t padded = (m + 31) / 32 * 32, columns = n / CHANNELS, pairs = (columns + 1) / 2, groups = k / GROUP;
-    uint16_t *xb = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(padded * k));
+    uint16_t *xb = (uint16_t *)lines(sizeof(uint16_t) * (size_t)(padded * k));
     if (!xb) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        uint16_t *wt = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(2 * groups * TILE_BF16));
+        uint16_t *wt = (uint16_t *)lines(sizeof(uint16_t) * (size_t)(2 * groups * TILE_BF16));
         if (!wt) failed = 1;
 #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < padded; r++) bf16_row(x, m, k, r, xb);
@@ -659,7 +665,7 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
     int64_t width = kind == LAYOUT_Q6_K ? 16 : GROUP, per_row = k / width;
     /* A row's sums, padded with a zero to an even count: the Q4_K kernel reads them in pairs. */
     int64_t stride = per_row + per_row % 2;
-    int8_t *xq = (int8_t *)malloc((size_t)(m * k));
+    int8_t *xq = (int8_t *)lines((size_t)(m * k));
     float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
     int16_t *sums = (int16_t *)calloc((size_t)(m * stride), sizeof(int16_t));
     if (!xq || !row_scale || !sums) {
