@@ -11,11 +11,16 @@ Each build gets weights packed by its own revision's int4.py, so a layout change
 is measured too; where both revisions pack alike, the two builds' results are
 checked equal.
 
+With --prompt N: ms a prompt token of an N-token prompt read (one forward from an
+empty cache) by the drafter and by the Qwen2.5-Coder-1.5B target, medians of
+--reps reads each.
+
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --against 2f25811 [--reps 600]
     (the drafter's forward: revisions whose kernels take the same arguments)
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --against 2d11600 [--reps 7]
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --shapes gemma --against b5b0880 --reps 200
     PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --rows 64,200 --layers 2 --against HEAD --reps 9
+    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --prompt 200 --against HEAD --reps 15
 """
 
 from __future__ import annotations
@@ -106,22 +111,9 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
                 for packed, k, n in layers[lib]:
                     product(module, xs[m, k], packed, n, bits)
                 best[lib, m] = min(best[lib, m], time.perf_counter() - start)
-    packed = []
-    for module in modules.values():  # the same random weights in each revision's layout
-        packed.append(random_weights(module, 2048, 1536, bits, torch.Generator().manual_seed(1)))
-    same_layout = torch.equal(*packed)
-    for m in rows if same_layout else ():  # then the same bits from both builds
-        x = torch.randn(m, 1536, generator=g)
-        got = [product(module, x, packed[0], 2048, bits) for module in modules.values()]
-        if not torch.equal(*got):  # AMX blocks may sum in another order: bf16 products' rounding
-            error = ((got[0] - got[1]).abs().max() / got[0].abs().max()).item()
-            if m < int4.amx_rows() or not int4.amx_rows() or error > 1e-5:
-                raise SystemExit(f"the builds differ at {m} rows (max relative difference {error:.2e})")
     for lib in modules:
         total = sum(p.numel() for p, _, _ in layers[lib])
         print(f"{lib}: {total / 1e6:.0f} MB of {bits}-bit weights")
-    if not same_layout:
-        print("the revisions pack the weights differently: results not compared")
     names = list(modules)
     print(f"{bits}-bit products of {shapes}'s layers, {torch.get_num_threads()} threads, fastest of {reps}: "
           "ms a pass")
@@ -129,6 +121,44 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
     for m in rows:
         a, b = (1000 * best[lib, m] for lib in names)
         print(f"{m:>4} {a:>14.2f} {b:>14.2f} {b / a:>7.3f}")
+    packed = []
+    for module in modules.values():  # the same random weights in each revision's layout
+        packed.append(random_weights(module, 2048, 1536, bits, torch.Generator().manual_seed(1)))
+    if not torch.equal(*packed):
+        print("the revisions pack the weights differently: results not compared")
+        return
+    for m in rows:  # then the same bits from both builds
+        x = torch.randn(m, 1536, generator=g)
+        got = [product(module, x, packed[0], 2048, bits) for module in modules.values()]
+        if not torch.equal(*got):  # AMX blocks may sum in another order: bf16 products' rounding
+            error = ((got[0] - got[1]).abs().max() / got[0].abs().max()).item()
+            if m < int4.amx_rows() or not int4.amx_rows() or error > 1e-5:
+                raise SystemExit(f"the builds differ at {m} rows (max relative difference {error:.2e})")
+
+
+def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
+    """A prompt read by the drafter and the target, build by build, read by read."""
+    catalog = ModelCatalog()
+    nets = {"drafter": LeanLlama(load(catalog.get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
+                                 max_len=1024),
+            "target": load(catalog.get("qwen2.5-coder-1.5b-instruct"), torch.bfloat16, int8=True).runner.net}
+    prompt = list(range(1000, 1000 + tokens))
+    times = {(lib, net): [] for lib in libs for net in nets}
+    with torch.no_grad():
+        for rep in range(reps + 1):
+            for lib, built in libs.items():
+                current["lib"] = built
+                for name, net in nets.items():
+                    net.reset()
+                    start = time.perf_counter()
+                    net.forward(prompt, last=1)
+                    if rep:  # the first of each is a warm-up
+                        times[lib, name].append(time.perf_counter() - start)
+    ms = {key: 1000 * statistics.median(v) / tokens for key, v in times.items()}
+    print(f"a {tokens}-token prompt read, ms a token (median of {reps})")
+    print(f"{'build':<14} {'drafter':>9} {'target':>9}")
+    for lib in libs:
+        print(f"{lib:<14} {ms[lib, 'drafter']:>9.3f} {ms[lib, 'target']:>9.3f}")
 
 
 def main() -> None:
@@ -141,6 +171,7 @@ def main() -> None:
     parser.add_argument("--rows", type=lambda text: tuple(int(r) for r in text.split(",")), default=None,
                         help="--gemm's rows a product, comma-separated (default 1-8)")
     parser.add_argument("--layers", type=int, default=None, help="--gemm on qwen's shapes: only the first N layers")
+    parser.add_argument("--prompt", type=int, default=0, help="time a prompt read of this many tokens instead")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp)
@@ -160,6 +191,9 @@ def main() -> None:
     current = {"lib": libs[args.against]}
     int4._library = lambda isa=None: current["lib"]  # LeanLlama asks for the library at each forward
     try:
+        if args.prompt:
+            prompt_ab(libs, current, args.prompt, args.reps or 15)
+            return
         model = load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model
         nets = {"plain": LeanLlama(model, int8=True, int4=True, max_len=1024),
                 "rank 8": LeanLlama(model, int8=True, int4=True, adapter=random_adapter(model, 8, ALL), max_len=1024)}

@@ -18,6 +18,11 @@ head_dim], as LeanLlama holds it; cos/sin [capacity, head_dim] from the model's
 own rotary embedding, so every RoPE variant comes out as the model computes it.
 A projection may come in parts side by side (a target whose file stores q and k
 in 4 bits and v in 6), each its own product into its columns.
+
+A prompt's block (SPLIT_ROWS rows or more) splits the norms, RoPE, SiLU and
+residual adds by rows between the threads, as the products and attention are:
+with the products on AMX tiles, those loops on one thread were a sixth of a
+200-token prompt read (scripts/kernel_ab.py --prompt 200).
 */
 #include <immintrin.h>
 #include <math.h>
@@ -47,16 +52,6 @@ typedef struct {
     const float *norm1, *norm2;
     Projection qkv[3], o, gate_up[2], down;
 } Layer;
-
-static void rms_norm(const float *x, const float *w, float eps, int64_t n, int64_t dim, float *out) {
-    for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * dim;
-        float ss = 0.0f;
-        for (int64_t i = 0; i < dim; i++) ss += xr[i] * xr[i];
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++) out[r * dim + i] = xr[i] * inv * w[i];
-    }
-}
 
 /* Float vectors of VW lanes: AVX-512 (16) where the CPU has it, else AVX2 with FMA
 and F16C (8), so one source serves both builds (int4.py picks the flags). */
@@ -126,6 +121,19 @@ static inline vec vexp2_times(vec p, vec n) { /* n in -127..127: build 2^n from 
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #endif
+
+/* Row r of x [., dim] RMS-normalized and scaled by w into out; dim a multiple of 16. */
+static void rms_norm_row(const float *x, const float *w, float eps, int64_t dim, float *out) {
+    vec ss = vzero();
+    for (int64_t i = 0; i < dim; i += VW) ss = vfmadd(vload(x + i), vload(x + i), ss);
+    vec inv = vset1(1.0f / sqrtf(vsum(ss) / (float)dim + eps));
+    for (int64_t i = 0; i < dim; i += VW) vstore(out + i, vmul(vmul(vload(x + i), inv), vload(w + i)));
+}
+
+/* x += add over dim values (a multiple of 16). */
+static void add_row(float *x, const float *add, int64_t dim) {
+    for (int64_t i = 0; i < dim; i += VW) vstore(x + i, vadd(vload(x + i), vload(add + i)));
+}
 
 /* a (float32) . b (fp16) over len values, a multiple of 32 (the 4-bit kernel's group);
    two accumulators, so consecutive multiply-adds do not wait on each other. */
@@ -271,6 +279,8 @@ static inline vec vexp(vec x) {
     return vexp2_times(p, n);
 }
 
+#define MAX_HEAD_DIM 256 /* decoder_stack refuses more (int4.py checks first) */
+
 /* One query row of one head over `seen` cached positions; d a multiple of 16. */
 static void attend(const float *q, const float *keys, const float *values, int64_t seen, int64_t d, float scale,
                    float *sc, float *out) {
@@ -292,11 +302,18 @@ static void attend(const float *q, const float *keys, const float *values, int64
         sum = vadd(sum, e);
     }
     float inv = 1.0f / vsum(sum);
-    for (int64_t i = 0; i < d; i += VW) {
-        vec acc = vzero();
-        for (int64_t p = 0; p < seen; p++) acc = vfmadd(vset1(sc[p]), vload(values + p * d + i), acc);
-        vstore(out + i, vmul(acc, vset1(inv)));
+    /* All of a row's d / VW sums at once (d <= MAX_HEAD_DIM): one chain of dependent
+       multiply-adds each, side by side, instead of one after another; each output
+       still sums the positions in order, so its bits are unchanged. */
+    vec acc[MAX_HEAD_DIM / VW];
+    int64_t lanes = d / VW;
+    for (int64_t i = 0; i < lanes; i++) acc[i] = vzero();
+    for (int64_t p = 0; p < seen; p++) {
+        vec s = vset1(sc[p]);
+        const float *v = values + p * d;
+        for (int64_t i = 0; i < lanes; i++) acc[i] = vfmadd(s, vload(v + i * VW), acc[i]);
     }
+    for (int64_t i = 0; i < lanes; i++) vstore(out + i * VW, vmul(acc[i], vset1(inv)));
 }
 
 /* out = silu(gate) * up over `count` values (a multiple of 16). */
@@ -308,23 +325,33 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
     }
 }
 
-/* Returns 0, or -1 when out of memory. head_dim and the MLP width: multiples of 16. */
+/* Rows from which the loops between the products split their rows between the
+   threads: a prompt's block (one fork a loop), not a step's few rows. */
+#define SPLIT_ROWS 16
+
+/* Returns 0, or -1 when out of memory. hidden and the MLP width: multiples of 32 (the
+   products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
+   computes a row the same way whatever rows run beside it, so a row's bits do not
+   depend on the block it comes in (a verification's rows are a step's). */
 int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64_t n_layers, float *kv,
                   int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
                   int64_t n_kv, int64_t d, int64_t inter, float eps, int threads) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
-    float *h = malloc(sizeof(float) * (size_t)(n * hidden));
-    float *qkv = malloc(sizeof(float) * (size_t)(n * qkv_width));
-    float *att = malloc(sizeof(float) * (size_t)(n * n_heads * d));
-    float *gu = malloc(sizeof(float) * (size_t)(n * 2 * inter));
-    float *act = malloc(sizeof(float) * (size_t)(n * inter));
-    int failed = !h || !qkv || !att || !gu || !act;
+    int split = n >= SPLIT_ROWS ? threads : 1;
+    float *h = lines(sizeof(float) * (size_t)(n * hidden));
+    float *qkv = lines(sizeof(float) * (size_t)(n * qkv_width));
+    float *att = lines(sizeof(float) * (size_t)(n * n_heads * d));
+    float *gu = lines(sizeof(float) * (size_t)(n * 2 * inter));
+    float *act = lines(sizeof(float) * (size_t)(n * inter));
+    int failed = !h || !qkv || !att || !gu || !act || d > MAX_HEAD_DIM;
     float scale = 1.0f / sqrtf((float)d);
     for (int64_t l = 0; l < n_layers && !failed; l++) {
         const Layer *L = layers + l;
         float *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
-        rms_norm(x, L->norm1, eps, n, hidden, h);
+#pragma omp parallel for num_threads(split) schedule(static)
+        for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
         if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, threads)) { failed = 1; break; }
+#pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) {
             float *row = qkv + r * qkv_width;
             const float *c = cos + (start + r) * d, *s = sin + (start + r) * d;
@@ -349,12 +376,17 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
         }
         if (failed) break;
         if (project(&L->o, att, n, n_heads * d, h, hidden, threads)) { failed = 1; break; }
-        for (int64_t i = 0; i < n * hidden; i++) x[i] += h[i];
-        rms_norm(x, L->norm2, eps, n, hidden, h);
+#pragma omp parallel for num_threads(split) schedule(static)
+        for (int64_t r = 0; r < n; r++) {
+            add_row(x + r * hidden, h + r * hidden, hidden);
+            rms_norm_row(x + r * hidden, L->norm2, eps, hidden, h + r * hidden);
+        }
         if (project_parts(L->gate_up, 2, h, n, hidden, gu, 2 * inter, threads)) { failed = 1; break; }
+#pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) silu_mul(gu + r * 2 * inter, gu + r * 2 * inter + inter, inter, act + r * inter);
         if (project(&L->down, act, n, inter, h, hidden, threads)) { failed = 1; break; }
-        for (int64_t i = 0; i < n * hidden; i++) x[i] += h[i];
+#pragma omp parallel for num_threads(split) schedule(static)
+        for (int64_t r = 0; r < n; r++) add_row(x + r * hidden, h + r * hidden, hidden);
     }
     free(h), free(qkv), free(att), free(gu), free(act);
     return failed ? -1 : 0;

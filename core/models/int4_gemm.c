@@ -50,12 +50,6 @@ the cost of several rows (docs/speed.md).
 #define SUPER_HEAD 64      /* a Q4_K superblock's d and dmin */
 #define GROUP_BYTES 288    /* a Q4_K group's nibbles, sc and m */
 #define Q6_BLOCK_BYTES 448
-/* Buffers on whole cache lines: a 64-byte load (a tile row, a vector of 64 bytes)
-   that straddles two lines costs two reads; with malloc's 16-byte alignment a
-   product of 200 rows on AMX tiles ran 1.6x slower in some processes than in
-   others (scripts/kernel_ab.py --gemm --rows 200). */
-static void *lines(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
-
 #define MAX_ROWS 8
 
 /* One row to int8 on its own scale (absmax / 127), and the sums of its int8 values

@@ -1,5 +1,12 @@
 /* The 4-bit and 6-bit products (int4_gemm.c), as decoder_stack.c calls them. */
 #include <stdint.h>
+#include <stdlib.h>
+
+/* Buffers on whole cache lines: a 64-byte load (a tile row, a vector of 64 bytes)
+   that straddles two lines costs two reads; with malloc's 16-byte alignment a
+   product of 200 rows on AMX tiles ran 1.6x slower in some processes than in
+   others (scripts/kernel_ab.py --gemm --rows 200). */
+static inline void *lines(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
 /* Work a caller runs beside a product on the product's own threads, so it needs no
    fork of its own (a drafter forward runs hundreds of products). `items` calls of

@@ -272,7 +272,7 @@ class LeanLlama:
         """The layers as one kernel call when every projection is 4-bit or 6-bit
         (the drafter's usual form, and a Q4_K_M target's): ~2.5x faster for the
         drafter than the same layers as torch ops (docs/speed.md has the target's)."""
-        if self.dtype != torch.float32 or self.head_dim % 16 or int4_unavailable() is not None:
+        if self.dtype != torch.float32 or self.head_dim % 16 or self.head_dim > 256 or int4_unavailable() is not None:
             return None
         def parts(p) -> list:
             return list(p.parts) if isinstance(p, _Joined) else [p]
