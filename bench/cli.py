@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--methods", default=",".join(METHODS),
         help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
         "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops), "
-        "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last)",
+        "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last), "
+        "omnidraft-head4 / omnidraft-head8 (the drafter's LM head in 4 bits / int8)",
     )
     p.add_argument(
         "--drafter",
@@ -120,7 +121,7 @@ def _method_list(text: str) -> list[str]:
     if unknown or not names:
         raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
                          "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced "
-                         "or omnidraft-readN (N from 1 to 4096)")
+                         "or omnidraft-readN (N from 1 to 4096) or omnidraft-head4 / omnidraft-head8")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 

@@ -13,6 +13,9 @@
              the fixed confidence rule they replace
   omnidraft-readN  the drafter reads at most N of the prompt's tokens: its first and
              the most recent (1 to 4096)
+  omnidraft-head4, omnidraft-head8  the drafter's LM head in 4 bits (the default
+             beside 4-bit layers) or int8: what a drafted token costs against
+             what it drafts (docs/drafter.md)
   llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text
@@ -40,6 +43,7 @@ from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
+from omnidraft.core.models.lean_llama import DraftLinear
 from omnidraft.core.models.loader import LoadedModel, load, source_path
 
 METHODS = ("target", "hf", "uag", "omnidraft", "llamacpp")
@@ -55,6 +59,7 @@ WARMUP_TOKENS = 4
 FIXED_LENGTH = re.compile(r"omnidraft-k([1-9]|1[0-6])")
 CAPPED_LENGTH = re.compile(r"omnidraft-max([1-9]|1[0-6])")
 UNPRICED = "omnidraft-unpriced"
+HEAD_BITS = {"omnidraft-head4": 4, "omnidraft-head8": 8}
 PROMPT_READ = re.compile(r"omnidraft-read([1-9][0-9]{0,3})")  # 1 to 4096
 
 
@@ -76,7 +81,7 @@ def draft_overrides(name: str) -> dict | None:
 
 
 def is_method(name: str) -> bool:
-    return name in METHODS or draft_overrides(name) is not None
+    return name in METHODS or name in HEAD_BITS or draft_overrides(name) is not None
 
 
 class BenchError(Exception):
@@ -192,6 +197,26 @@ def variant_runner(engine: Engine, overrides: dict, chat: bool = False) -> Runne
         finally:
             for name, value in saved.items():
                 setattr(settings, name, value)
+
+    return run
+
+
+def head_runner(engine: Engine, bits: int, chat: bool = False) -> Runner:
+    """omnidraft with the drafter's LM head in `bits` (4 or 8) for the call, its
+    own head restored after."""
+    speculative = engine_runner(engine, True, chat)
+    head: list[DraftLinear] = []  # built on the first call, once the drafter is loaded
+
+    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
+        net = engine.drafter.net
+        if not head:
+            weight = engine.drafter_model.model.get_output_embeddings().weight
+            head.append(DraftLinear(weight.detach().to(net.dtype).contiguous(), None, True, bits == 4))
+        saved, net.head = net.head, head[0]
+        try:
+            return speculative(prompt, cfg)
+        finally:
+            net.head = saved
 
     return run
 
@@ -334,6 +359,9 @@ def build_methods(
     for name in args.methods:
         if (overrides := draft_overrides(name)) is not None:
             made[name] = Method(name, variant_runner(engine, overrides, args.chat))
+    for name, bits in HEAD_BITS.items():
+        if name in args.methods:
+            made[name] = Method(name, head_runner(engine, bits, args.chat))
     drafting = [m for m in made.values() if m.name.startswith("omnidraft")]
     for m in made.values():
         warm_up(m)

@@ -3,9 +3,10 @@
 A drafted token costs a drafter forward after a target forward has streamed ~1 GB
 through the caches, so the drafter's weights come from memory: 30 layers of 4-bit
 projections (~66 MB) and an int8 LM head over SmolLM2's 49,152 tokens (~28 MB).
-Two cheaper heads against today's int8 one:
+Two cheaper heads against the int8 one (the default until Dec 5):
 
-* 4-bit (Q4_1's form, as the layers): ~18 MB;
+* 4-bit (Q4_1's form, as the layers; the default since, by end-to-end speed:
+  `omnidraft-bench --methods target,omnidraft-head4,omnidraft-head8`): ~18 MB;
 * int8 over the first --rows token ids only (BPE ids run roughly by frequency):
   proposals outside them would be lost.
 
@@ -44,7 +45,8 @@ def main() -> None:
     weight = drafter.model.get_output_embeddings().weight
     nets = {name: LeanLlama(drafter.model, int8=True, int4=True, max_len=4096)
             for name in ("int8", "4-bit", f"int8, first {args.rows} ids")}
-    nets["4-bit"].head = DraftLinear(nets["4-bit"]._w(weight), None, True, True)
+    nets["4-bit"].head = DraftLinear(nets["4-bit"]._w(weight), None, True, True)  # the default since Dec 5
+    nets["int8"].head = DraftLinear(nets["int8"]._w(weight), None, True)
     nets[f"int8, first {args.rows} ids"].head = DraftLinear(nets["int8"]._w(weight[: args.rows]), None, True)
     lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]

@@ -123,6 +123,18 @@ def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, pr
         assert (k - 1) * drafter_steps < drafted <= k * drafter_steps
 
 
+def test_the_drafter_heads_precision_changes_no_token(tiny_target, prompts_file, tmp_path):
+    out = tmp_path / "bench.json"
+    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
+                 "--methods", "target,omnidraft-head4,omnidraft-head8,omnidraft", "--dtype", "fp32",
+                 "--json", out]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    outputs = report["outputs"]
+    assert outputs["omnidraft-head4"] == outputs["omnidraft-head8"] == outputs["omnidraft"] == outputs["target"]
+    for name in ("omnidraft-head4", "omnidraft-head8"):
+        assert report["methods"][name]["engine"]["proposed"] > 0
+
+
 def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home):
     from omnidraft.core.decoding.drafter import DraftSettings
 

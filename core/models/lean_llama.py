@@ -11,7 +11,8 @@ tokens just shortens the list of tokens it holds.
 Two ways to hold the weights:
 * the drafter's (LeanLlama(...)): fused QKV and gate/up projections copied from
   the model, in 4 bits, int8 (see DraftLinear) or dense, with a target's
-  adapter (set_adapter); its LM head int8 over the whole vocabulary;
+  adapter (set_adapter); its LM head over the whole vocabulary, in the layers'
+  precision;
 * a target's (LeanLlama.sharing(model)): the model's own linear modules called as
   they are (its int8 layers from core/models/quantize.py), so no second copy of
   the weights exists and transformers' forward of the same model (the learner,
@@ -170,8 +171,8 @@ class LeanLlama:
         head = hf_model.get_output_embeddings()
         if share:
             self.head: Projection = self._own(head)
-        else:  # int8 even beside 4-bit layers: in 4 bits it changed 1 argmax in 6 (scripts/drafter_head.py)
-            self.head = DraftLinear(self._w(head.weight), None, self.int8)
+        else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (docs/drafter.md)
+            self.head = DraftLinear(self._w(head.weight), None, self.int8, self.int4)
         self.max_len = max_len
         self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.dtype)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
