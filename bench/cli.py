@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
         "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops), "
         "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last), "
-        "omnidraft-head4 / omnidraft-head8 (the drafter's LM head in 4 bits / int8)",
+        "omnidraft-head4 / omnidraft-head8 (the drafter's LM head in 4 bits / int8), "
+        "omnidraft-layersN (drafting with the drafter's first N layers)",
     )
     p.add_argument(
         "--drafter",
@@ -121,7 +122,8 @@ def _method_list(text: str) -> list[str]:
     if unknown or not names:
         raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
                          "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced "
-                         "or omnidraft-readN (N from 1 to 4096) or omnidraft-head4 / omnidraft-head8")
+                         "or omnidraft-readN (N from 1 to 4096) or omnidraft-head4 / omnidraft-head8 "
+                         "or omnidraft-layersN (N from 1 to 99)")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from omnidraft.bench import cli, runners
 from omnidraft.bench.report import decoding, drafting_figures, engine_totals, first_difference
+from omnidraft.core.decoding import adaptive_drafting
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished, TurnStats
@@ -135,6 +136,17 @@ def test_the_drafter_heads_precision_changes_no_token(tiny_target, prompts_file,
         assert report["methods"][name]["engine"]["proposed"] > 0
 
 
+def test_a_shorter_drafter_changes_no_token(tiny_target, prompts_file, tmp_path):
+    out = tmp_path / "bench.json"
+    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
+                 "--methods", "target,omnidraft-layers1,omnidraft", "--dtype", "fp32",
+                 "--json", out]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["outputs"]["omnidraft-layers1"] == report["outputs"]["omnidraft"] == report["outputs"]["target"]
+    assert report["methods"]["omnidraft-layers1"]["engine"]["proposed"] > 0
+    assert runners.is_method("omnidraft-layers99") and not runners.is_method("omnidraft-layers0")
+
+
 def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home):
     from omnidraft.core.decoding.drafter import DraftSettings
 
@@ -158,6 +170,26 @@ def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home
     assert not runners.is_method("omnidraft-max0") and runners.is_method("omnidraft-max16")
     assert runners.is_method("omnidraft-read4096") and not runners.is_method("omnidraft-read4097")
     assert not runners.is_method("omnidraft-read0")
+
+
+def test_a_drafting_variant_learns_its_own_drafting_policy(home):
+    seen = []  # (the engine's own policy?, drafter steps it holds after the call's record)
+
+    class Recording(Engine):
+        def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):
+            self.draft_policy.record("drafter", tokens=1, seconds=1.0)
+            seen.append((self.draft_policy is own, round(self.draft_policy.stats["drafter"].steps, 3)))
+            yield TurnFinished("x", "length", TurnStats(method="omnidraft", new_tokens=1), [5])
+
+    engine = Recording()
+    own = engine.draft_policy
+    variant = runners.own_policy(engine, runners.variant_runner(engine, runners.draft_overrides("omnidraft-k2")))
+    plain_omnidraft = runners.engine_runner(engine, True)
+    for run in (variant, variant, plain_omnidraft, variant):
+        run("p", GenerationConfig(max_new_tokens=1))
+    twice = round(1 + adaptive_drafting.DECAY, 3)
+    assert seen == [(False, 1), (False, twice), (True, 1), (False, round(1 + adaptive_drafting.DECAY * twice, 3))]
+    assert engine.draft_policy is own
 
 
 def test_omnidraft_refuses_the_engines_plain_fallback(home):
