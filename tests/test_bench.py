@@ -106,14 +106,22 @@ def test_chat_prompts_go_through_the_chat_template(tiny_target, prompts_file, tm
     assert chat["methods"]["omnidraft"]["engine"]["prompt_tokens"] > raw["methods"]["omnidraft"]["engine"]["prompt_tokens"]
 
 
-def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, prompts_file, tmp_path):
+def _drafting_variants(tiny_target, prompts_file, tmp_path, variants: list[str]) -> dict:
+    """The report of target, the variants and omnidraft (fp32: exact), after
+    checking every variant decoded plain decoding's tokens and drafted."""
     out = tmp_path / "bench.json"
     assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
-                 "--methods", "target,omnidraft-k1,omnidraft-k3,omnidraft", "--dtype", "fp32",
+                 "--methods", ",".join(["target", *variants, "omnidraft"]), "--dtype", "fp32",
                  "--json", out]) == 0  # fmt: skip
     report = json.loads(out.read_text())
-    outputs = report["outputs"]
-    assert outputs["omnidraft-k1"] == outputs["omnidraft-k3"] == outputs["omnidraft"] == outputs["target"]
+    for name in variants:
+        assert report["outputs"][name] == report["outputs"]["target"] == report["outputs"]["omnidraft"]
+        assert report["methods"][name]["engine"]["proposed"] > 0
+    return report
+
+
+def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, prompts_file, tmp_path):
+    report = _drafting_variants(tiny_target, prompts_file, tmp_path, ["omnidraft-k1", "omnidraft-k3"])
     for name, k in (("omnidraft-k1", 1), ("omnidraft-k3", 3)):
         e = report["methods"][name]["engine"]
         drafter_steps = e["steps"] - report["prompts"] - e["lookup_steps"]  # each prompt's first forward reads it
@@ -124,26 +132,8 @@ def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, pr
         assert (k - 1) * drafter_steps < drafted <= k * drafter_steps
 
 
-def test_the_drafter_heads_precision_changes_no_token(tiny_target, prompts_file, tmp_path):
-    out = tmp_path / "bench.json"
-    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
-                 "--methods", "target,omnidraft-head4,omnidraft-head8,omnidraft", "--dtype", "fp32",
-                 "--json", out]) == 0  # fmt: skip
-    report = json.loads(out.read_text())
-    outputs = report["outputs"]
-    assert outputs["omnidraft-head4"] == outputs["omnidraft-head8"] == outputs["omnidraft"] == outputs["target"]
-    for name in ("omnidraft-head4", "omnidraft-head8"):
-        assert report["methods"][name]["engine"]["proposed"] > 0
-
-
-def test_a_shorter_drafter_changes_no_token(tiny_target, prompts_file, tmp_path):
-    out = tmp_path / "bench.json"
-    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
-                 "--methods", "target,omnidraft-layers1,omnidraft", "--dtype", "fp32",
-                 "--json", out]) == 0  # fmt: skip
-    report = json.loads(out.read_text())
-    assert report["outputs"]["omnidraft-layers1"] == report["outputs"]["omnidraft"] == report["outputs"]["target"]
-    assert report["methods"]["omnidraft-layers1"]["engine"]["proposed"] > 0
+def test_the_drafter_heads_precision_and_a_shorter_drafter_change_no_token(tiny_target, prompts_file, tmp_path):
+    _drafting_variants(tiny_target, prompts_file, tmp_path, ["omnidraft-head4", "omnidraft-head8", "omnidraft-layers1"])
     assert runners.is_method("omnidraft-layers99") and not runners.is_method("omnidraft-layers0")
 
 
