@@ -186,6 +186,19 @@ def engine_runner(engine: EngineAPI, speculative: bool, chat: bool = False) -> R
     return run
 
 
+@contextmanager
+def swapped(obj, **values) -> Iterator[None]:
+    """obj's attributes set to values inside the block, their own restored after."""
+    saved = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)
+
+
 def own_policy(engine: Engine, run: Runner) -> Runner:
     """run with adaptive drafting's own state (core/decoding/adaptive_drafting.py:
     prices, calibration, per-source rates), a copy of the engine's as it stood,
@@ -195,11 +208,8 @@ def own_policy(engine: Engine, run: Runner) -> Runner:
     policy = copy.deepcopy(engine.draft_policy)
 
     def wrapped(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        saved, engine.draft_policy = engine.draft_policy, policy
-        try:
+        with swapped(engine, draft_policy=policy):
             return run(prompt, cfg)
-        finally:
-            engine.draft_policy = saved
 
     return wrapped
 
@@ -210,15 +220,8 @@ def variant_runner(engine: Engine, overrides: dict, chat: bool = False) -> Runne
     speculative = engine_runner(engine, True, chat)
 
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        settings = engine.draft_settings
-        saved = {name: getattr(settings, name) for name in overrides}
-        for name, value in overrides.items():
-            setattr(settings, name, value)
-        try:
+        with swapped(engine.draft_settings, **overrides):
             return speculative(prompt, cfg)
-        finally:
-            for name, value in saved.items():
-                setattr(settings, name, value)
 
     return run
 
@@ -234,11 +237,8 @@ def head_runner(engine: Engine, bits: int, chat: bool = False) -> Runner:
         if not head:
             weight = engine.drafter_model.model.get_output_embeddings().weight
             head.append(DraftLinear(weight.detach().to(net.dtype).contiguous(), None, True, bits == 4))
-        saved, net.head = net.head, head[0]
-        try:
+        with swapped(net, head=head[0]):
             return speculative(prompt, cfg)
-        finally:
-            net.head = saved
 
     return run
 
@@ -253,17 +253,16 @@ def layers_runner(engine: Engine, layers: int, chat: bool = False) -> Runner:
         drafter = engine.drafter
         if drafter.adapter_rank is not None:
             raise BenchError("omnidraft-layersN drafts without the target's adapter; run it before any learning")
-        full = drafter.net
         if not short:
+            full = drafter.net
             short.append(LeanLlama(engine.drafter_model.model, num_layers=layers, max_len=full.max_len,
                                    int8=full.int8, int4=full.int4))
         drafter.forget_context()  # the drafter's context lives in its net's cache: empty it on each swap
-        drafter.net = short[0]
-        try:
-            return speculative(prompt, cfg)
-        finally:
-            drafter.forget_context()
-            drafter.net = full
+        with swapped(drafter, net=short[0]):
+            try:
+                return speculative(prompt, cfg)
+            finally:
+                drafter.forget_context()
 
     return run
 
