@@ -16,6 +16,10 @@ at a time (default: a batch) and after each arrival the learner trains until it
 rests, by its own schedule: its round over the new turns replays --reviews
 times as many learned ones (core/learning/learner.py); one evaluation at the end.
 
+--variants N adds N replies per training prompt sampled at --variant-temperature
+(each after the prompt's greedy reply): does more of the target's text on the
+same prompts teach more than repeats? (docs/learning.md: it does not.)
+
 --oracle trains on the dev replies themselves: a drafter that has seen the
 answers, the ceiling for any learning (docs/learning.md); --state-dir keeps
 its adapter for `omnidraft-bench --state-dir`. --replies takes the dev replies
@@ -45,9 +49,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def serve(
-    engine: Engine, prompts: list[dict], max_new: int, cache: Path, replies: list[list[int]] | None = None
+    engine: Engine, prompts: list[dict], max_new: int, cache: Path, replies: list[list[int]] | None = None,
+    temperature: float = 0.0, seed: int = 0,
 ) -> list[Sample]:
-    """Greedy target replies as replay samples, as the engine records them."""
+    """Target replies as replay samples, as the engine records them: greedy, or
+    sampled at `temperature` (prompt n seeded with seed + n)."""
     if cache.exists():
         return [Sample(**raw) for raw in json.loads(cache.read_text())]
     samples = []
@@ -56,7 +62,8 @@ def serve(
         if replies is not None:  # decoded already (an omnidraft-bench report)
             done = TurnFinished("", "length", TurnStats(method="target"), list(replies[n]))
         else:
-            for event in engine.complete(row["prompt"], GenerationConfig(max_new_tokens=max_new)):
+            cfg = GenerationConfig(max_new_tokens=max_new, temperature=temperature, seed=seed + n)
+            for event in engine.complete(row["prompt"], cfg):
                 if isinstance(event, TurnFinished):
                     done = event
         ids = engine.target.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
@@ -109,6 +116,9 @@ def main() -> int:
                     help="train on the dev replies themselves: a ceiling on what learning can reach")
     ap.add_argument("--replies", type=Path,
                     help="an omnidraft-bench --json report on the dev prompts: its target replies")
+    ap.add_argument("--variants", type=int, default=0,
+                    help="also train on this many sampled replies per training prompt (each after its greedy one)")
+    ap.add_argument("--variant-temperature", type=float, default=0.7)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     with bench_home(args.state_dir):  # adapters and buffers of the sweep only; the model cache shared
@@ -127,8 +137,14 @@ def main() -> int:
         if args.oracle:  # the evaluation's own replies: no learning from other traffic does better
             train = dev
         else:
-            train = serve(engine, read_prompts(args.train, None), args.max_new_tokens,
-                          args.cache / f"train-{tag}.json")
+            train_prompts = read_prompts(args.train, None)
+            train = serve(engine, train_prompts, args.max_new_tokens, args.cache / f"train-{tag}.json")
+            if args.variants:  # other replies the target might give: more of its text, same prompts
+                t = args.variant_temperature
+                sets = [serve(engine, train_prompts, args.max_new_tokens,
+                              args.cache / f"train-{tag}-t{t:g}-seed{v}.json", temperature=t, seed=1000 * (v + 1))
+                        for v in range(args.variants)]
+                train = [s for group in zip(train, *sets) for s in group]
         if args.lora_targets:  # before the first adapter creates the peft model
             engine.adapters.targets = tuple(args.lora_targets.split(","))
         results = []
@@ -162,6 +178,7 @@ def main() -> int:
               "batch_size": args.batch_size,
               "schedule": {"online": args.online, "reviews": args.reviews if args.online else 0,
                            "arrive": (args.arrive or args.batch_size) if args.online else None},
+              "variants": args.variants, "variant_temperature": args.variant_temperature if args.variants else None,
               "train": len(train), "dev": len(dev), "results": results}, args.json)
     return 0
 
