@@ -339,16 +339,19 @@ class ChartsPanel(QWidget):
         plot.plot(xs, rolling_mean(list(ys)), pen=_pen(self._p.chart_accent))
         plot.setXRange(0.5, max(xs) + 0.5, padding=0.02)
 
-    def _speedup_subtitle(self, every: int | None) -> str:
+    def _speedup_subtitle(self, every: int | None, marked: bool = False) -> str:
+        """The series' key, and the learner marks' once there are any."""
+        key = f"dots: each reply · line: mean of last {ROLLING_WINDOW}"
+        if not marked:
+            return key
         what = f"every {every} learner steps" if every else "the drafter learned here"
-        return (f"dots: each reply · line: mean of last {ROLLING_WINDOW}"
-                f"<br><span style='color:{self._p.chart_accent_2}'>|</span> {what}")
+        return f"{key}<br><span style='color:{self._p.chart_accent_2}'>|</span> {what}"
 
     def _draw_marks(self, learning) -> None:
         """A short orange tick under each series plot's dots wherever the learner
         trained between two replies: one item per plot, however many marks."""
         marks, every = milestones(learner_marks(self._drawn, learning))
-        self._set_title(self.speedup_plot, "Speedup vs plain decoding", self._speedup_subtitle(every))
+        self._set_title(self.speedup_plot, "Speedup vs plain decoding", self._speedup_subtitle(every, bool(marks)))
         for plot in (self.speedup_plot, self.acceptance_plot, self.tps_plot):
             old = self._marks.pop(plot, None)
             if old is not None and old.scene() is not None:  # not already cleared by a redraw

@@ -41,9 +41,19 @@ def describe_stats(stats: dict | None, baseline: float | None = None) -> str:
         parts.append(f"{stats['tokens_per_step']:.2f} tokens/step")
     if stats.get("acceptance_rate") is not None:
         parts.append(f"{stats['acceptance_rate']:.0%} of drafts accepted")
-    if baseline and stats.get("tokens_per_s"):
-        parts.append(f"{stats['tokens_per_s'] / baseline:.2f}x plain speed")
+    if (speedup := reply_speedup(stats, baseline)) is not None:
+        parts.append(f"{speedup:.2f}x plain speed")
     return " · ".join(parts)
+
+
+def reply_speedup(stats: dict, baseline: float | None) -> float | None:
+    """A drafted reply's speedup over plain decoding as the engine estimated it;
+    replies saved by versions without the estimate: their speed over the baseline."""
+    if stats.get("method") == "target":
+        return None  # it was plain decoding
+    if "plain_seconds" in stats:
+        return stats.get("speedup")
+    return stats["tokens_per_s"] / baseline if baseline and stats.get("tokens_per_s") else None
 
 
 def runs_from_mask(mask: list[bool]) -> list[list[int]]:

@@ -1,8 +1,8 @@
 """Per-reply and learning metrics, kept across sessions for the charts.
 
 Qt-free so it can be tested and reused by scripts. Only numbers measured by
-the engine are stored: a speedup is recorded only when the reply's speed and
-the target's measured plain-decoding baseline are both known. These are not
+the engine are stored: a reply's speedup is the engine's (TurnStats.speedup),
+recorded once the target's plain step was measured. These are not
 the user's text (model ids and figures), so plain JSON is enough.
 
 The file is JSON lines, one record each ({"reply": {...}} or {"learning":
@@ -65,12 +65,6 @@ class LearningMetric:
     samples: int
     loss: float | None
     acceptance: float | None
-
-
-def _speedup(tokens_per_s: float | None, baseline: float | None) -> float | None:
-    if not tokens_per_s or not baseline or baseline <= 0:
-        return None
-    return tokens_per_s / baseline
 
 
 def rolling_mean(values: list[float], window: int = ROLLING_WINDOW) -> list[float]:
@@ -136,7 +130,7 @@ class MetricsHistory:
             proposed=stats.proposed,
             accepted=stats.accepted,
             baseline_tokens_per_s=baseline_tokens_per_s,
-            speedup=_speedup(tps, baseline_tokens_per_s),
+            speedup=stats.speedup,
         )
         self._keep(self.replies, self._reply_lines, metric, MAX_REPLIES, self._line("reply", metric))
         return metric

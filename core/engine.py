@@ -6,8 +6,11 @@ the benchmark use it directly.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
+import statistics
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +40,8 @@ from .storage.secure_store import KeyUnavailableError
 MAX_MESSAGE_CHARS = 200_000
 BASELINE_PROMPT = "Here is a short story about a lighthouse keeper and the sea.\n\n"
 BASELINE_TOKENS = 24
+BASELINE_RUNS = 2
+PLAIN_PROBE_STEPS = 8  # plain steps timed in idle time after a drafted reply (~0.2 s)
 MAX_CACHED_BRIDGES = 3
 # Learned per-target state files (encrypted), and where versions before encryption
 # kept them as plaintext JSON (migrated on first load).
@@ -131,14 +136,22 @@ class Engine:
         # State files encrypted with a key this machine lacks: left untouched, and
         # not overwritten this session.
         self._unsaved: set[tuple[str, str]] = set()
-        # The target's plain-decoding speed measured on this machine (tokens/s), the
-        # baseline every reply's speedup is computed against; None until measured.
-        self.baseline_tokens_per_s: float | None = None
+        # Seconds a token of the target's plain decoding past the prompt read, measured
+        # here: what each reply's speedup is estimated against (TurnStats.plain_seconds);
+        # None until measured.
+        self.plain_step_seconds: float | None = None
+        # Set by a drafted reply: refresh_plain_step times plain steps again in idle time.
+        self.plain_step_due = False
         # The user's context length (Settings), 0 for the model's own; the model's
         # window (context_window) bounds it either way.
         self.context_tokens = 0
 
     # ------------------------------------------------------------------ models
+    @property
+    def baseline_tokens_per_s(self) -> float | None:
+        """The target's plain decoding speed here past the prompt read (tokens/s)."""
+        return 1.0 / self.plain_step_seconds if self.plain_step_seconds else None
+
     @property
     def drafter_description(self) -> str | None:
         return self.drafter.description if self.drafter else None
@@ -154,7 +167,7 @@ class Engine:
         self.target = loaded  # replaced only once the new one loaded: a failure keeps the old
         for learner in self._learners.values():
             learner.target_model = None  # learner() rebinds it; no old model stays alive
-        self.baseline_tokens_per_s = None
+        self.plain_step_seconds = None
         self.bridge = None
         self.draft_policy = DraftPolicy()
         try:
@@ -395,9 +408,19 @@ class Engine:
                 self.bridge.cache.entries = saved
 
     def _after_turn(self, done: TurnFinished) -> None:
-        if done.stats.method == "target" and done.stats.new_tokens >= 8:
-            self._update_baseline(done.stats.tokens_per_s)
-        if done.stats.method == "omnidraft" and not self.evaluating:
+        stats = done.stats
+        if stats.method == "target" and stats.new_tokens >= 8:
+            step = (stats.seconds - stats.first_token_seconds) / (stats.new_tokens - 1)
+            old = self.plain_step_seconds
+            self.plain_step_seconds = step if old is None else 0.7 * old + 0.3 * step
+        if stats.method == "target":
+            stats.plain_seconds = stats.seconds
+        elif self.plain_step_seconds is not None and stats.new_tokens:
+            # Plain decoding reads the same prompt (the same part of it, with the same
+            # cache) and then takes a step a token: only what follows the first token differs.
+            stats.plain_seconds = stats.first_token_seconds + (stats.new_tokens - 1) * self.plain_step_seconds
+        if stats.method == "omnidraft" and not self.evaluating:
+            self.plain_step_due = True
             self._save_state()
 
     def _record(self, ids: list[int], drafter_prefix: list[int], done: TurnFinished, temperature: float) -> None:
@@ -483,22 +506,51 @@ class Engine:
             out.get("acceptance_estimate"), out["buffered"],
         )
 
-    def _update_baseline(self, tokens_per_s: float) -> None:
-        old = self.baseline_tokens_per_s
-        self.baseline_tokens_per_s = tokens_per_s if old is None else 0.7 * old + 0.3 * tokens_per_s
-
     def measure_baseline(self, should_stop: ShouldStop = never) -> float | None:
-        """Time the target's plain decoding here (the reference for speedups)."""
+        """Time the target's plain decoding steps here (the reference for speedups):
+        sets plain_step_seconds, returns baseline_tokens_per_s."""
         # Untimed first: a freshly loaded model's first forwards fault its weights in
         # from the mapped file (a 1.5B model measured 1.07 tokens/s cold against 3.5
         # warm). Under 8 tokens, _after_turn leaves this turn out of the baseline.
         for _ in self.complete(BASELINE_PROMPT, GenerationConfig(max_new_tokens=4), should_stop):
             pass
-        self.forget_context()  # timed with its prompt read, as a reply's is
-        cfg = GenerationConfig(max_new_tokens=BASELINE_TOKENS)
-        for _ in self.complete(BASELINE_PROMPT, cfg, should_stop):
-            pass  # _after_turn folds the finished turn into the baseline
+        # A step's median in each run, the faster run's: right after a load a whole run
+        # can read ~40% slow (measured on the EPYC: 36.5 ms a step, then 24-25).
+        steps = []
+        for _ in range(BASELINE_RUNS):
+            self.forget_context()
+            stamps = [time.perf_counter() for event in self.complete(
+                BASELINE_PROMPT, GenerationConfig(max_new_tokens=BASELINE_TOKENS), should_stop)
+                if isinstance(event, TokenChunk)]
+            if len(stamps) >= 4:
+                steps.append(statistics.median(b - a for a, b in itertools.pairwise(stamps)))
+        if steps:
+            self.plain_step_seconds = min(steps)
         return self.baseline_tokens_per_s
+
+    def refresh_plain_step(self, should_stop: ShouldStop = never) -> None:
+        """Time a few plain steps where the last reply left the target's cache, then
+        put the cache back: the speedup's reference follows this machine's speed now
+        (other programs, heat, a conversation's length) and the next turn still reads
+        only what is new. Between steps it gives way to should_stop()."""
+        self.plain_step_due = False
+        cache = self.target.runner.cache if self.target is not None else None
+        if cache is None or not cache.length or cache.length + PLAIN_PROBE_STEPS > self.context_window():
+            return
+        start, token, steps = cache.length, cache.ids[-1], []
+        try:
+            for _ in range(PLAIN_PROBE_STEPS):
+                if should_stop():
+                    break
+                t0 = time.perf_counter()
+                token = int(cache.forward([token], 1)[0][-1].argmax())  # as a plain step picks
+                steps.append(time.perf_counter() - t0)
+        finally:
+            cache.rollback(start)
+        if len(steps) >= PLAIN_PROBE_STEPS // 2:
+            step = statistics.median(steps)
+            old = self.plain_step_seconds
+            self.plain_step_seconds = step if old is None else 0.5 * old + 0.5 * step
 
     def forget_context(self) -> None:
         """Nothing kept from earlier replies: the next prompt is read from its start

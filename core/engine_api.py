@@ -30,8 +30,10 @@ class EngineAPI(Protocol):
     catalog: ModelCatalog
     target: LoadedModel | None  # None until a target loaded
     drafter_model: LoadedModel | None  # the drafter model as loaded; None while drafting is off
-    # The target's plain-decoding speed measured here (tokens/s), None until measured.
+    # The target's plain-decoding speed measured here past the prompt read (tokens/s),
+    # None until measured; each reply's speedup is TurnStats.speedup.
     baseline_tokens_per_s: float | None
+    plain_step_due: bool  # refresh_plain_step has a drafted reply to follow
     warnings: list[str]  # why drafting is off, for people
     evaluating: bool  # benchmark evaluation: decoding teaches the engine nothing
 
@@ -58,6 +60,11 @@ class EngineAPI(Protocol):
     def idle_step(self, should_stop: ShouldStop = ...) -> LearningStatus | None:
         """One short unit of learning, returning early once should_stop() is true;
         None, or a state other than "running", when there is nothing (left) to do."""
+        ...
+
+    def refresh_plain_step(self, should_stop: ShouldStop = ...) -> None:
+        """Time plain steps again in idle time (the speedup's reference), keeping
+        the target's cache as the last reply left it."""
         ...
 
     def describe_target(self) -> ModelInfo:

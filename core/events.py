@@ -41,6 +41,14 @@ class TurnStats:
     chance_sum: float = 0.0
     chance_raw_sum: float = 0.0
     chance_accepted: int = 0
+    # What plain decoding would have taken for this reply here (the engine's
+    # estimate: the same prompt read, then its measured step for each later token);
+    # 0 until the target's plain step was measured. The app's speedup for the reply.
+    plain_seconds: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        return self.plain_seconds / self.seconds if self.plain_seconds > 0 and self.seconds > 0 else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -71,6 +79,7 @@ class TurnStats:
             tokens_per_s=self.tokens_per_s,
             acceptance_rate=self.acceptance_rate,
             tokens_per_step=self.tokens_per_step,
+            speedup=self.speedup,
         )
         return d
 

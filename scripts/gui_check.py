@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--highlight", action="store_true", help="tint text from accepted drafts")
     p.add_argument("--learn-seconds", type=float, default=0.0,
                    help="after the prompts, ask the engine to learn now and watch it this long")
+    p.add_argument("--pause", type=float, default=0.0,
+                   help="seconds between a reply and the next prompt, as a person reading it")
     p.add_argument("--keep-home", action="store_true", help="keep the temporary data folder")
     p.add_argument("--size", default="1280x800")
     p.add_argument("--timeout", type=float, default=900.0)
@@ -79,7 +81,9 @@ async def drive(window, args, shots: Path | None) -> dict:
         raise SystemExit(f"the model did not load: {[e.message for e in events if isinstance(e, ErrorEvent)]}")
     load_s = time.monotonic() - started
     turns = []
-    for prompt in args.prompt or ["Write a short Python function that reverses a string, and explain it."]:
+    for n, prompt in enumerate(args.prompt or ["Write a short Python function that reverses a string, and explain it."]):
+        if n:
+            await asyncio.sleep(args.pause)
         window.chat.composer.setPlainText(prompt)
         window.chat._submit()
         request_id = window.session.active.request_id
@@ -88,7 +92,8 @@ async def drive(window, args, shots: Path | None) -> dict:
         done = next(e for e in events if isinstance(e, TurnDone) and e.request_id == request_id)
         stats = done.stats.as_dict() if done.stats is not None else {}
         turns.append({"reason": done.reason, **{k: stats.get(k) for k in (
-            "method", "new_tokens", "tokens_per_s", "acceptance_rate", "tokens_per_step")},
+            "method", "new_tokens", "seconds", "first_token_seconds", "tokens_per_s", "acceptance_rate",
+            "tokens_per_step", "plain_seconds", "speedup")},
             "baseline_tokens_per_s": done.baseline_tokens_per_s})
     learning = None
     if args.learn_seconds > 0:

@@ -71,6 +71,7 @@ def test_the_panel_shows_this_targets_drafted_replies_and_where_it_learned(qtbot
     for plot in (panel.speedup_plot, panel.acceptance_plot, panel.tps_plot):
         xs = panel._marks[plot].getData()[0]
         assert sorted(set(xs)) == [3.5, 6.5]  # after the 3rd and the 6th drafted reply
+    assert "the drafter learned here" in panel.speedup_plot.titleLabel.text  # the marks' key
     text = panel.summary.text()
     assert "Speedup 1.40x → 1.70x" in text and "acceptance 50% → 60%" in text
     assert "first 5 vs last 5 of 10 drafted replies" in text and "trained 8 steps" in text
@@ -89,3 +90,4 @@ def test_without_drafted_replies_the_plots_say_so(qtbot, tmp_path):
     panel.set_current_target("m")
     assert panel.summary.text() == "No drafted replies measured yet for this selection."
     assert not panel.speedup_plot.listDataItems() and not panel._marks
+    assert "learned here" not in panel.speedup_plot.titleLabel.text  # no marks, no key for them

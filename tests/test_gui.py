@@ -142,7 +142,12 @@ def test_chat_round_trip(window, qtbot):
     assert recorded.new_tokens == done.stats.new_tokens
     assert recorded.tokens_per_s == pytest.approx(done.stats.tokens_per_s)
     assert done.baseline_tokens_per_s  # the target's plain speed, measured when it loaded
-    assert recorded.speedup == pytest.approx(done.stats.tokens_per_s / done.baseline_tokens_per_s)
+    # The engine's estimate for this reply: its own prompt read, then plain steps.
+    step = 1 / done.baseline_tokens_per_s
+    plain = done.stats.first_token_seconds + (done.stats.new_tokens - 1) * step
+    assert done.stats.plain_seconds == pytest.approx(plain)
+    assert recorded.speedup == pytest.approx(plain / done.stats.seconds)
+    assert f"{recorded.speedup:.2f}x plain speed" in window.statusBar().currentMessage()
     assert "tok/s" in window.statusBar().currentMessage()
     assert 0 < done.stats.first_token_seconds < done.stats.seconds
     assert f"first after {done.stats.first_token_seconds:.1f} s" in window.statusBar().currentMessage()
@@ -497,7 +502,8 @@ def test_rolling_mean_and_speedup_only_when_measured(tmp_path):
     assert rolling_mean([1, 0, 1, 0], window=2) == [1, 0.5, 0.5, 0.5]
     history = MetricsHistory(tmp_path / "m.json")
     stats = TurnStats(method="omnidraft", new_tokens=10, seconds=1.0, steps=5, proposed=4, accepted=2)
-    assert history.add_turn(stats, "m", None).speedup is None
+    assert history.add_turn(stats, "m", None).speedup is None  # the plain step not measured yet
+    stats.plain_seconds = 2.0  # the engine's estimate, once it is
     assert history.add_turn(stats, "m", 5.0).speedup == pytest.approx(2.0)
     history.save()
     again = MetricsHistory(tmp_path / "m.json")
@@ -549,7 +555,8 @@ def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot,
 
 def test_window_restores_saved_chart_history(home, qapp, qt_loop):
     saved = MetricsHistory()
-    stats = TurnStats(method="omnidraft", new_tokens=8, seconds=2.0, steps=5, proposed=8, accepted=2)
+    stats = TurnStats(method="omnidraft", new_tokens=8, seconds=2.0, steps=5, proposed=8, accepted=2,
+                      plain_seconds=4.0)
     saved.add_turn(stats, "some-target", 2.0)
     saved.save()
     win = MainWindow(handle=IdleWorker())

@@ -17,6 +17,7 @@ from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.learning.learner import LearningStatus
 from omnidraft.core.stopping import ShouldStop, never
 from omnidraft.core.storage.settings import Settings
+from omnidraft.core.worker import process
 from omnidraft.core.worker.process import WorkerHandle, WorkerLoop, _Batcher
 from omnidraft.core.worker.protocol import (
     AddModel,
@@ -320,11 +321,23 @@ class LearningEngine(Engine):
         return LearningStatus("tiny", "running", steps=self.steps)
 
 
+class TimingEngine(LearningEngine):
+    """Counts the plain step's timings (refresh_plain_step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.timed = threading.Semaphore(0)
+
+    def refresh_plain_step(self, should_stop: ShouldStop = never) -> None:
+        self.plain_step_due = False
+        self.timed.release()
+
+
 def _parameters(function) -> list[str]:
     return [p for p in inspect.signature(function).parameters if p != "self"]
 
 
-@pytest.mark.parametrize("cls", [Engine, ExplodingEngine, LearningEngine])
+@pytest.mark.parametrize("cls", [Engine, ExplodingEngine, LearningEngine, TimingEngine])
 def test_the_engine_and_its_doubles_keep_the_declared_contract(home, cls):
     """The worker calls the engine as EngineAPI declares, never probing it: a renamed
     parameter (idle_step's should_stop, chat's speculative) must fail here."""
@@ -378,6 +391,20 @@ def test_idle_learning_runs_and_yields_promptly_to_a_request(home):
     assert time.monotonic() - sent < 2.0, "the running step must give way to a request"
     assert engine.gave_way == 1
     assert any(isinstance(e, LearningProgress) and e.state == "waiting" for e in seen)
+    loop.close()
+
+
+def test_plain_steps_are_timed_again_soon_after_a_drafted_reply(home, monkeypatch):
+    monkeypatch.setattr(process, "PLAIN_STEP_QUIET_S", 0.3)
+    engine = TimingEngine()
+    loop = LoopThread(engine, Settings(idle_delay_s=60, learning_paused=True))
+    sent = time.monotonic()
+    loop.send(CancelRequest(1))  # the reply's request
+    engine.plain_step_due = True  # as a drafted reply leaves it
+    assert engine.timed.acquire(timeout=TIMEOUT)  # neither the idle delay nor a pause holds it back
+    assert time.monotonic() - sent >= 0.3  # but the GUI's drawing of the reply does
+    time.sleep(0.2)  # absence of a second timing cannot be awaited
+    assert not engine.timed.acquire(blocking=False) and engine.steps == 0
     loop.close()
 
 

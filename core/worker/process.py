@@ -80,6 +80,9 @@ BATCH_INTERVAL_S = 0.03
 ENGINE_LOCK_WAIT_S = 15.0
 # How often the loop wakes while waiting, to notice that the idle delay has passed.
 _WAKE_S = 0.5
+# Plain steps are timed this long after the last request was handled: the GUI draws
+# the finished reply meanwhile, and on 2 cores its work read them 70 ms, not 25-27.
+PLAIN_STEP_QUIET_S = 2.0
 
 Emit = Callable[[Event], None]
 
@@ -152,6 +155,7 @@ class WorkerLoop:
         self.parent_alive = parent_alive  # the GUI may die without sending Shutdown
         self.pending: deque[Request] = deque()  # taken off the queue during a reply
         self.last_request = time.monotonic()
+        self.last_handled = time.monotonic()  # when the last request was done with
         self.learn_now = False
         # False after idle_step reported nothing to do (or failed): wait for new activity.
         self.learning_has_work = True
@@ -179,13 +183,14 @@ class WorkerLoop:
             if isinstance(request, Shutdown):
                 return
             self._handle_safely(request)
+            self.last_handled = time.monotonic()
 
     def _next_request(self) -> Request | None:
         """The next request, or None when it is time for an idle learning step."""
         if self.pending:
             return self.pending.popleft()
         while True:
-            if self._learning_due():
+            if self._timing_due() or self._learning_due():
                 try:
                     return self.requests.get_nowait()
                 except queue.Empty:
@@ -212,6 +217,9 @@ class WorkerLoop:
         """Learning stops at its next layer boundary for a request, or when the GUI is gone."""
         return self._request_waiting() or not self.parent_alive()
 
+    def _timing_due(self) -> bool:
+        return self.engine.plain_step_due and time.monotonic() - self.last_handled >= PLAIN_STEP_QUIET_S
+
     def _learning_due(self) -> bool:
         if not self._can_learn():
             return False
@@ -219,7 +227,14 @@ class WorkerLoop:
         return self.learn_now or waited >= self.settings.idle_delay_s
 
     def _idle_step(self) -> None:
-        """One short unit of learning; the loop checks the queue again right after."""
+        """One short unit of idle work (the plain step's timing a little after a
+        drafted reply, else learning); the loop checks the queue again right after."""
+        if self._timing_due():
+            try:
+                self.engine.refresh_plain_step(should_stop=self._should_give_way)
+            except Exception as exc:  # noqa: BLE001 - a reference figure must never take the worker down
+                self.emit(ErrorEvent(None, f"Timing plain decoding failed: {_short(exc)}", traceback.format_exc()))
+            return
         try:
             # A request waiting in the queue stops training at the next layer boundary.
             progress = self.engine.idle_step(should_stop=self._should_give_way)

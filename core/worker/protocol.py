@@ -148,7 +148,7 @@ class TurnDone:
     reason: str  # "eos", "stop", "length", "cancelled", "error"
     stats: TurnStats | None  # None when nothing was decoded (failed, or cancelled while queued)
     model_id: str
-    baseline_tokens_per_s: float | None  # the target's plain speed measured here
+    baseline_tokens_per_s: float | None  # the target's plain speed measured here, past the prompt read
     omitted_messages: int = 0  # oldest messages left out to fit the context (TurnFinished)
 
 
