@@ -1,16 +1,20 @@
 """How well the app's per-reply speedup tells the real one.
 
-The app cannot decode each reply twice, so it reports a reply's speedup from a
-plain step measured when the target loads (Engine.measure_baseline): plain
-decoding would have read the same prompt, then taken that step a token
-(TurnStats.plain_seconds). Here every reply is decoded both ways, through the
-app's own path (Engine.chat, the message as a chat turn, every prompt read
-afresh), and the real speedup (plain seconds / omnidraft seconds) is set beside
-the figure the app shows, and the one it showed before that estimate (the
-reply's tokens/s over a short plain reply's).
+The app cannot decode each reply twice. It estimates what plain decoding would
+have taken for a reply (TurnStats.plain_seconds): the same prompt read, then the
+target's plain step a token, timed when the target loads
+(Engine.measure_baseline) and again after each drafted reply
+(Engine.refresh_plain_step). Here every reply is decoded both ways through the
+app's path (Engine.chat, each prompt a chat turn; with --turns N, N prompts make
+one conversation, whose later turns read only what is new), and the real speedup
+(plain seconds / omnidraft seconds) is set beside the figure the app shows and
+the one it showed before the estimate (the reply's tokens/s over a short plain
+reply's, prompt read included).
 
     .venv/bin/python scripts/reply_speedup.py --limit 12 --max-new-tokens 64,256 \
-        --json docs/results/reply-speedup-qwen15.json
+        --json docs/results/reply-speedup-qwen15-epyc.json
+    .venv/bin/python scripts/reply_speedup.py --limit 12 --turns 4 --max-new-tokens 128 \
+        --json docs/results/reply-speedup-qwen15-epyc-turns.json
 """
 
 from __future__ import annotations
@@ -26,19 +30,39 @@ from omnidraft.core.events import TurnFinished
 from omnidraft.core.models.catalog import ModelCatalog
 
 
-def reply(engine: Engine, prompt: str, tokens: int, speculative: bool) -> TurnFinished:
-    """One reply, as the app decodes it and then times plain steps in idle time;
-    a plain reply here (the real speedup's reference) leaves the app's reference be,
-    since people rarely ask for one."""
-    engine.forget_context()  # the reply reads its whole prompt, whichever way it decodes
+def decode(engine: Engine, messages: list[dict], tokens: int, speculative: bool) -> TurnFinished:
+    """A reply as the app decodes it; a drafted one is followed by the plain step's
+    timing the worker does in idle time, a plain one (the real speedup's
+    reference) leaves the app's reference be, since people rarely ask for one."""
     kept = engine.plain_step_seconds
-    done = [e for e in engine.chat([{"role": "user", "content": prompt}], GenerationConfig(max_new_tokens=tokens),
-                                   speculative=speculative) if isinstance(e, TurnFinished)][-1]
+    done = [e for e in engine.chat(messages, GenerationConfig(max_new_tokens=tokens), speculative=speculative)
+            if isinstance(e, TurnFinished)][-1]
     if speculative:
-        engine.refresh_plain_step()  # what the worker does once the reply is done
+        engine.refresh_plain_step()
     else:
         engine.plain_step_seconds = kept
     return done
+
+
+def conversation(engine: Engine, prompts: list[str], tokens: int, first: int) -> list[dict[bool, TurnFinished]]:
+    """The prompts as one conversation's turns, each decoded both ways back to back
+    (which way first alternates from `first`), so the machine's speed drifts little
+    between the two. Each way reads only what is new: the target's cache is put
+    back to where the turn found it before the other way decodes it."""
+    engine.forget_context()  # the first turn reads its whole prompt
+    messages: list[dict] = []
+    turns = []
+    for t, prompt in enumerate(prompts):
+        messages.append({"role": "user", "content": prompt})
+        cache = engine.target.runner.cache
+        held = cache.length
+        done = {}
+        for spec in ((True, False) if (first + t) % 2 == 0 else (False, True)):
+            cache.rollback(held)
+            done[spec] = decode(engine, messages, tokens, spec)
+        turns.append(done)
+        messages.append({"role": "assistant", "content": done[True].text})
+    return turns
 
 
 def main() -> None:
@@ -47,6 +71,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, default=Path("../shared/eval/dev.jsonl"))
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--max-new-tokens", default="64,256", help="reply lengths, comma-separated")
+    parser.add_argument("--turns", type=int, default=1, help="prompts a conversation; --limit prompts in all")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     prompts = [json.loads(line)["prompt"] for line in args.prompts.read_text().splitlines() if line.strip()]
@@ -61,22 +86,22 @@ def main() -> None:
     print(f"plain step {1000 * engine.plain_step_seconds:.1f} ms; the former baseline {old:.2f} tokens/s")
     rows = []
     for tokens in [int(t) for t in args.max_new_tokens.split(",")]:
-        for i, prompt in enumerate(prompts[: args.limit]):
-            # Alternate which way goes first, so a machine growing busier slows both alike.
-            order = (True, False) if i % 2 == 0 else (False, True)
-            done = {spec: reply(engine, prompt, tokens, spec) for spec in order}
-            omni, plain = done[True].stats, done[False].stats
-            row = {
-                "prompt": i, "max_new_tokens": tokens, "new_tokens": omni.new_tokens,
-                "prompt_tokens": omni.prompt_tokens, "same_reply": done[True].text == done[False].text,
-                "omnidraft_s": omni.seconds, "plain_s": plain.seconds,
-                "first_token_s": omni.first_token_seconds, "plain_first_token_s": plain.first_token_seconds,
-                "real": plain.seconds / omni.seconds,
-                "shown": omni.speedup, "former": omni.tokens_per_s / old,
-            }
-            rows.append(row)
-            print(f"{tokens:4d} tokens, prompt {i:2d} ({row['prompt_tokens']} prompt, {row['new_tokens']} new): "
-                  f"real {row['real']:.2f}x, shown {row['shown']:.2f}x (formerly {row['former']:.2f}x)", flush=True)
+        for c in range(args.limit // args.turns):
+            turns = prompts[c * args.turns:(c + 1) * args.turns]
+            for t, done in enumerate(conversation(engine, turns, tokens, c)):
+                o, p = done[True], done[False]
+                omni, plain = o.stats, p.stats
+                row = {
+                    "prompt": c * args.turns + t, "turn": t + 1, "max_new_tokens": tokens,
+                    "new_tokens": omni.new_tokens, "prompt_tokens": omni.prompt_tokens, "same_reply": o.text == p.text,
+                    "omnidraft_s": omni.seconds, "plain_s": plain.seconds,
+                    "first_token_s": omni.first_token_seconds, "plain_first_token_s": plain.first_token_seconds,
+                    "real": plain.seconds / omni.seconds, "shown": omni.speedup, "former": omni.tokens_per_s / old,
+                }
+                rows.append(row)
+                print(f"{tokens:4d} tokens, prompt {row['prompt']:2d}, turn {t + 1} ({row['prompt_tokens']} prompt, "
+                      f"{row['new_tokens']} new): real {row['real']:.2f}x, shown {row['shown']:.2f}x "
+                      f"(formerly {row['former']:.2f}x)", flush=True)
     summary = {}
     for tokens in sorted({r["max_new_tokens"] for r in rows}):
         mine = [r for r in rows if r["max_new_tokens"] == tokens]
