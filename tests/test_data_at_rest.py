@@ -22,7 +22,7 @@ from omnidraft.core.learning.adapters import LEGACY_META_FILE, META_FILE
 from omnidraft.core.learning.replay_buffer import LOG_MAGIC
 from omnidraft.core.storage import paths
 from omnidraft.core.storage.conversations import ConversationStore
-from omnidraft.core.storage.secure_store import save_encrypted
+from omnidraft.core.storage.secure_store import MAGIC, save_encrypted
 
 from tests.tiny import LEARN_PROMPTS, drafter_prediction, learning_engine
 
@@ -84,7 +84,7 @@ def test_a_secret_typed_in_a_chat_is_nowhere_readable_on_disk(home, target_dir, 
             assert needle not in flat, f"{f} holds the secret's token ids"
     # Only the key and peft's hyperparameters stay plaintext; everything else is ours,
     # encrypted whole or (the replay buffer's log) record by record.
-    plain = {f.name for f in files if not f.read_bytes().startswith((b"OMDENC1\n", LOG_MAGIC))}
+    plain = {f.name for f in files if not f.read_bytes().startswith((MAGIC, LOG_MAGIC))}
     assert plain <= {"key", "adapter_config.json"}, plain
 
 
@@ -114,8 +114,8 @@ def test_plaintext_state_from_an_older_version_is_migrated(home, target_dir):
     assert not again.warnings
     # Rewritten encrypted, the plaintext gone.
     assert not (folder / NGRAM_LEGACY).exists() and not (folder / POLICY_LEGACY).exists()
-    assert (folder / NGRAM_FILE).read_bytes().startswith(b"OMDENC1\n")
-    assert (folder / POLICY_FILE).read_bytes().startswith(b"OMDENC1\n")
+    assert (folder / NGRAM_FILE).read_bytes().startswith(MAGIC)
+    assert (folder / POLICY_FILE).read_bytes().startswith(MAGIC)
 
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["old-plaintext", "encrypted"])

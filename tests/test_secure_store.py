@@ -1,5 +1,6 @@
 """Encryption at rest: keyring key, key-file fallback, damaged and foreign files."""
 
+import json
 import os
 import stat
 
@@ -11,10 +12,13 @@ from omnidraft.core.storage import secure_store
 from omnidraft.core.storage.paths import data_dir
 from omnidraft.core.storage.persistence import CorruptStateError
 from omnidraft.core.storage.secure_store import (
+    FERNET_MAGIC,
     KEYRING_NAME,
     KEYRING_SERVICE,
+    MAGIC,
     KeyStore,
     KeyUnavailableError,
+    fingerprint,
     load_encrypted,
     save_encrypted,
 )
@@ -70,6 +74,27 @@ def test_round_trip_is_encrypted_on_disk_and_private(home):
     assert load_encrypted(path, None, keys) == SECRET
     if os.name == "posix":
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_files_saved_by_older_versions_open_and_their_next_save_is_compact(home):
+    from cryptography.fernet import Fernet
+
+    keys = KeyStore(backend=fail.Keyring())
+    key = keys.key_path.read_bytes().strip()
+    plain = json.dumps(SECRET, ensure_ascii=False, separators=(",", ":")).encode()
+    path = home / "data" / "old.enc"
+    path.write_bytes(FERNET_MAGIC + fingerprint(key) + Fernet(key).encrypt(plain))  # before Dec 5
+    assert load_encrypted(path, None, keys) == SECRET
+    save_encrypted(path, SECRET, keys)
+    raw = path.read_bytes()
+    assert raw.startswith(MAGIC) and load_encrypted(path, None, keys) == SECRET
+    # Binary, not base64: the text's bytes plus header, nonce and tag.
+    assert len(raw) == len(MAGIC) + 8 + 12 + len(plain) + 16
+    old = FERNET_MAGIC + fingerprint(key) + Fernet(key).encrypt(plain)
+    path.write_bytes(old[:-5])  # an older file cut short is damaged, as a new one would be
+    with pytest.raises(CorruptStateError) as info:
+        load_encrypted(path, None, keys)
+    assert not isinstance(info.value, KeyUnavailableError)
 
 
 def test_key_file_is_reused_across_instances(home):
@@ -149,10 +174,12 @@ def test_missing_file_gives_default(home):
     [
         lambda b: b[:-7],  # truncated
         lambda b: b[:40] + bytes([b[40] ^ 1]) + b[41:],  # one flipped bit
+        lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:],  # in the nonce
+        lambda b: b[:24],  # cut within the nonce
         lambda b: b"",
         lambda b: b'{"text": "plain json is not accepted"}',
     ],
-    ids=["truncated", "bitflip", "empty", "plaintext"],
+    ids=["truncated", "bitflip", "nonce", "short", "empty", "plaintext"],
 )
 def test_damaged_file_raises_corrupt_state(home, damage):
     keys = KeyStore(backend=fail.Keyring())
