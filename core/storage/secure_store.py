@@ -1,10 +1,11 @@
 """Encryption at rest for the user's text (conversations, the learner's replay buffer).
 
 One random data key encrypts every saved file, with AES-256-GCM under a key
-derived from it (HKDF-SHA256). The key lives in the OS keyring (service "omnidraft", name "data-key"). Where no
-usable keyring exists (a headless Linux box, a locked-down desktop) it falls back
-to a key file `<data_dir>/key` readable only by the user, and says so in
-`KeyStore.fallback_warning` so the GUI can tell the user. Nothing is ever written
+derived from it (HKDF-SHA256). The data key lives in the OS keyring (service
+"omnidraft", name "data-key"). Where no usable keyring exists (a headless Linux
+box, a locked-down desktop) it falls back to a key file `<data_dir>/key` readable
+only by the user, and says so in `KeyStore.fallback_warning` so the GUI can tell
+the user. Nothing is ever written
 in plaintext: conversations, the replay buffer, and everything learned from them
 (n-gram caches, drafting statistics, adapter weights and counters) use this key.
 
