@@ -50,16 +50,18 @@ def test_int8_lean_target_stays_close_to_transformers_on_the_same_weights(int8_q
     torch.testing.assert_close(lean, reference, atol=1e-3, rtol=1e-3)
 
 
-def test_a_verified_tokens_logits_do_not_depend_on_the_tokens_beside_it(int8_qwen2):
+@pytest.mark.parametrize("rows", [2, 5, 16])
+def test_a_verified_tokens_logits_do_not_depend_on_the_tokens_beside_it(int8_qwen2, rows):
     """What makes int8 speculative decoding equal plain decoding of the same weights:
-    a row verified among 5 gets the logits it gets alone."""
+    a row verified among others gets the very bits it gets alone. Close is not
+    enough: in a 24-layer model each int8 layer's rounding carried differences of
+    ~1e-7 on into other tokens (Qwen2.5-Coder-0.5B: 21 of 40 replies differed)."""
     session = TargetRunner(int8_qwen2).session()
     session.forward(IDS[:20])
-    together = session.forward(IDS[20:25])
-    session.crop(5)
-    alone = torch.cat([session.forward([i]) for i in IDS[20:25]])
-    assert torch.equal(together.argmax(-1), alone.argmax(-1))
-    torch.testing.assert_close(together, alone, atol=1e-4, rtol=1e-4)
+    together = session.forward(IDS[20 : 20 + rows])
+    session.crop(rows)
+    alone = torch.cat([session.forward([i]) for i in IDS[20 : 20 + rows]])
+    assert torch.equal(together, alone)
 
 
 def test_gemma3_runs_on_transformers():
