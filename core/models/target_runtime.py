@@ -8,15 +8,20 @@ without its per-layer Python (docs/speed.md has the measured step times), with
 activations and the KV cache in float32, so a verified token's logits do not
 depend on how many tokens were verified beside it. Any other architecture
 (Gemma 3's sliding windows, a user's model) runs on transformers' own forward
-and a DynamicCache (HeldCache).
+and a DynamicCache (HeldCache), its attention row by row for a verification's
+few rows (ROWWISE), for the same reason.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
-from transformers import DynamicCache
+import torch.nn.functional as F
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .lean_llama import LeanLlama, common_prefix, supports
 from .quantize import is_quantized
@@ -29,6 +34,74 @@ class TargetSession(Protocol):
 
     def crop(self, drop: int) -> None:
         """Forget the last `drop` tokens appended."""
+
+
+# transformers' attention for a target on HeldCache: blocks of up to EXACT_ROWS
+# query rows (a verification's, a one-token step's) attend one row at a time over
+# just the keys the row sees, unmasked, as a one-token step does; longer blocks (a
+# prompt) as sdpa. SDPA over a masked block sums in another order, which through
+# bf16 activations and int8 layers made 37 of 40 Gemma-3-270M replies unlike plain
+# decoding's (docs/speed.md).
+ROWWISE = "omnidraft_rowwise"
+EXACT_ROWS = 16
+
+
+def _runs(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list[tuple[int, int]] | None:
+    """For each query row, the keys [lo, hi) it attends to (causal, or a sliding
+    window); None when a row's keys are not one run."""
+    if mask is None:  # causal, nothing else masked
+        return [(0, kv_len - q_len + row + 1) for row in range(q_len)]
+    seen = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
+    counts = seen.sum(-1).tolist()
+    first = seen.int().argmax(-1).tolist()
+    runs = [(lo, lo + n) for lo, n in zip(first, counts, strict=True)]
+    if any(n == 0 or not bool(seen[row, lo:hi].all()) for row, ((lo, hi), n) in enumerate(zip(runs, counts))):
+        return None
+    return runs
+
+
+# The masks one forward's layers share -> their runs; emptied around each forward,
+# so an id is never that of a mask gone since.
+_runs_of: dict = {}
+
+
+def rowwise_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if q_len > EXACT_ROWS or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    tag = (id(attention_mask), q_len, kv_len)
+    if tag not in _runs_of:
+        _runs_of[tag] = _runs(attention_mask, q_len, kv_len)
+    runs = _runs_of[tag]
+    if runs is None:  # keys not in one run (never seen for causal LMs): as sdpa would
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]
+    out = query.new_empty(1, q_len, heads, dim)
+    for row, (lo, hi) in enumerate(runs):
+        # The query heads sharing a key/value head as rows of one query, as
+        # transformers runs a one-token step.
+        q = query[:, :, row].reshape(1, kv_heads, heads // kv_heads, dim)
+        att = F.scaled_dot_product_attention(q, key[:, :, lo:hi], value[:, :, lo:hi], scale=scaling)
+        out[0, row] = att.reshape(heads, dim)
+    return out, None
+
+
+AttentionInterface.register(ROWWISE, rowwise_attention)
+AttentionMaskInterface.register(ROWWISE, sdpa_mask)
+
+
+@contextmanager
+def _rowwise(model):
+    """The model attends with ROWWISE inside (its other users, the learner and the
+    bench's transformers peer, keep their own attention)."""
+    before = model.config._attn_implementation
+    model.config._attn_implementation = ROWWISE
+    _runs_of.clear()
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = before
+        _runs_of.clear()
 
 
 class HeldCache:
@@ -68,7 +141,8 @@ class HeldCache:
         # cost more than the rest of the model.
         x = torch.as_tensor(ids, dtype=torch.long).view(1, -1)
         try:
-            logits = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=last).logits[0]
+            with _rowwise(self.model):
+                logits = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=last).logits[0]
         except BaseException:
             self.reset()  # layers cached part of a failed forward: nothing in it can be reused
             raise
