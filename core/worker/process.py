@@ -81,7 +81,7 @@ ENGINE_LOCK_WAIT_S = 15.0
 # How often the loop wakes while waiting, to notice that the idle delay has passed.
 _WAKE_S = 0.5
 # Plain steps are timed this long after the last request was handled: the GUI draws
-# the finished reply meanwhile, and on 2 cores its work read them 70 ms, not 25-27.
+# the finished reply meanwhile, and on 2 cores its work made them read slow.
 PLAIN_STEP_QUIET_S = 2.0
 
 Emit = Callable[[Event], None]
