@@ -84,6 +84,27 @@ def test_on_transformers_too_a_verified_tokens_logits_are_its_own(monkeypatch, r
     assert model.config._attn_implementation == "sdpa"  # the model's other users keep theirs
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_only_a_target_on_sdpa_attends_row_by_row(monkeypatch, attention):
+    """The row-by-row attention mimics sdpa; a model on another (eager, for Gemma 2's
+    soft-capping) keeps its own."""
+    from types import SimpleNamespace
+
+    from omnidraft.core.models import target_runtime
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    spy = SimpleNamespace(scaled_dot_product_attention=lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(target_runtime, "F", spy)
+    model = tiny_gemma3(VOCAB, seed=1)
+    model.config._attn_implementation = attention
+    session = TargetRunner(model).session()
+    session.forward(IDS[:20])
+    session.forward(IDS[20:24])
+    assert bool(calls) == (attention == "sdpa")
+    assert model.config._attn_implementation == attention
+
+
 def test_gemma3_runs_on_transformers():
     assert TargetRunner(tiny_gemma3(VOCAB)).kind == "transformers"
 

@@ -67,7 +67,8 @@ _runs_of: dict = {}
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     q_len, kv_len = query.shape[2], key.shape[2]
-    if q_len > EXACT_ROWS or query.shape[0] != 1:
+    extras = any(kwargs.get(name) is not None for name in ("position_bias", "s_aux", "softcap"))
+    if q_len > EXACT_ROWS or query.shape[0] != 1 or extras:  # what this does not mimic: sdpa's own way
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     tag = (id(attention_mask), q_len, kv_len)
     if tag not in _runs_of:
@@ -92,9 +93,13 @@ AttentionMaskInterface.register(ROWWISE, sdpa_mask)
 
 @contextmanager
 def _rowwise(model):
-    """The model attends with ROWWISE inside (its other users, the learner and the
-    bench's transformers peer, keep their own attention)."""
+    """A model that attends with sdpa attends with ROWWISE inside (its other users,
+    the learner and the bench's transformers peer, keep their own attention); one
+    on another attention (eager for Gemma 2's soft-capping) keeps it."""
     before = model.config._attn_implementation
+    if before != "sdpa":
+        yield
+        return
     model.config._attn_implementation = ROWWISE
     _runs_of.clear()
     try:
