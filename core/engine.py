@@ -410,9 +410,7 @@ class Engine:
     def _after_turn(self, done: TurnFinished) -> None:
         stats = done.stats
         if stats.method == "target" and stats.new_tokens >= 8:
-            step = (stats.seconds - stats.first_token_seconds) / (stats.new_tokens - 1)
-            old = self.plain_step_seconds
-            self.plain_step_seconds = step if old is None else 0.7 * old + 0.3 * step
+            self._fold_plain_step((stats.seconds - stats.first_token_seconds) / (stats.new_tokens - 1), 0.3)
         if stats.method == "target":
             stats.plain_seconds = stats.seconds
         elif self.plain_step_seconds is not None and stats.new_tokens:
@@ -548,9 +546,12 @@ class Engine:
         finally:
             cache.rollback(start)
         if len(steps) >= PLAIN_PROBE_STEPS // 2:
-            step = statistics.median(steps)
-            old = self.plain_step_seconds
-            self.plain_step_seconds = step if old is None else 0.5 * old + 0.5 * step
+            self._fold_plain_step(statistics.median(steps), 0.5)
+
+    def _fold_plain_step(self, step: float, weight: float) -> None:
+        """A new timing of the plain step, given `weight` beside what was measured before."""
+        old = self.plain_step_seconds
+        self.plain_step_seconds = step if old is None else (1 - weight) * old + weight * step
 
     def forget_context(self) -> None:
         """Nothing kept from earlier replies: the next prompt is read from its start

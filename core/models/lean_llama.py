@@ -42,10 +42,11 @@ _KV_GROWTH = 256  # tokens the KV buffer grows by at least (it doubles up to max
 # buffers stay a few tens of MB (rows are independent: the same results).
 _STACK_ROWS = 256
 # Blocks of up to this many rows (a verification's) attend row by row, each as a
-# one-token step does: SDPA's masked block kernel sums in another order, and the
-# next int8 layers' rounding grew those last-bit differences into other tokens
-# (Qwen2.5-Coder-0.5B: 21 of 40 replies unlike plain decoding's; docs/speed.md).
-_EXACT_ROWS = 16
+# one-token step does, here and on transformers' forward (target_runtime.ROWWISE):
+# SDPA's masked block kernel sums in another order, and the next int8 layers'
+# rounding grew those last-bit differences into other tokens (Qwen2.5-Coder-0.5B:
+# 21 of 40 replies unlike plain decoding's; docs/speed.md).
+EXACT_ROWS = 16
 
 Projection = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
@@ -363,7 +364,7 @@ class LeanLlama:
                 self.stack(x[first : first + _STACK_ROWS], start + first, self.kv, self.cos, self.sin)
             return self._finish(x, new, last)
         mask = None
-        if n > _EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
+        if n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
         for layer, (ln1, qkv_proj, o_proj, ln2, gate_up_proj, down_proj) in enumerate(self.layers):
             qkv = qkv_proj(self._norm(x, ln1))
@@ -374,7 +375,7 @@ class LeanLlama:
             cache = self.kv[layer]
             cache[0, :, start:end] = k
             cache[1, :, start:end] = v.view(n, hk, d).transpose(0, 1)
-            if 1 < n <= _EXACT_ROWS:
+            if 1 < n <= EXACT_ROWS:
                 att = torch.cat([self._attend(q[:, i : i + 1], cache[0, :, : start + i + 1],
                                               cache[1, :, : start + i + 1], None) for i in range(n)], dim=1)
             else:

@@ -23,7 +23,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .lean_llama import LeanLlama, common_prefix, supports
+from .lean_llama import EXACT_ROWS, LeanLlama, common_prefix, supports
 from .quantize import is_quantized
 
 
@@ -43,7 +43,6 @@ class TargetSession(Protocol):
 # bf16 activations and int8 layers made 37 of 40 Gemma-3-270M replies unlike plain
 # decoding's (docs/speed.md).
 ROWWISE = "omnidraft_rowwise"
-EXACT_ROWS = 16
 
 
 def _runs(mask: torch.Tensor | None, q_len: int, kv_len: int) -> list[tuple[int, int]] | None:

@@ -192,9 +192,10 @@ class KeyStore:
         return fingerprint(self._primary).hex()
 
     def encrypt(self, data: bytes) -> bytes:
-        header = MAGIC + fingerprint(self._primary)
+        fp = fingerprint(self._primary)
+        header = MAGIC + fp
         nonce = os.urandom(_NONCE_LEN)  # random: a key meets far fewer than 2^32 files
-        return header + nonce + self._cipher(fingerprint(self._primary)).encrypt(nonce, data, header)
+        return header + nonce + self._cipher(fp).encrypt(nonce, data, header)
 
     def decrypt(self, blob: bytes, path: Path) -> bytes:
         """Plain bytes; CorruptStateError when damaged, KeyUnavailableError for a foreign key."""
