@@ -198,11 +198,14 @@ def _gguf_of(path, kind: GGMLQuantizationType, block_bytes: int, names: list[str
     """A GGUF file holding one random tensor of this K-quant type under each name;
     returns what gguf dequantizes it to."""
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(n * k // 256, block_bytes), dtype=np.uint8)
+    per_block = 32 if kind in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0) else 256
+    blocks = rng.integers(0, 256, size=(n * k // per_block, block_bytes), dtype=np.uint8)
     if kind == GGMLQuantizationType.Q4_K:
         blocks[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)  # d, dmin
-    else:
+    elif kind == GGMLQuantizationType.Q6_K:
         blocks[:, 208:210] = np.array([0.001], dtype=np.float16).view(np.uint8)  # d
+    else:  # d per 32 inputs, each block its own
+        blocks[:, 0:2] = (rng.random((len(blocks), 1)) * 0.01 + 1e-4).astype(np.float16).view(np.uint8)
     writer = GGUFWriter(path, "llama")
     for name in names:
         writer.add_tensor(name, blocks.reshape(n, -1), raw_dtype=kind)
@@ -244,6 +247,36 @@ def test_q6_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     assert read("model.layers.0.mlp.up_proj", want) is None
 
 
+def test_q5_0_blocks_read_exactly_onto_the_6_bit_grid(tmp_path):
+    """A Q5_0 tensor (a model whose widths are no multiple of 256, as
+    Qwen2.5-Coder-0.5B's 896) takes the 6-bit kernel with its own weights where
+    the model's layers run as one call."""
+    path = tmp_path / "q5.gguf"
+    want = _gguf_of(path, GGMLQuantizationType.Q5_0, 22, ["blk.0.attn_q.weight"], k=96, seed=2)
+
+    quantized = k_quant_reader(path, stack=True)("model.layers.0.self_attn.q_proj", want.bfloat16())
+    assert isinstance(quantized, int4.Q6)
+    assert torch.equal(quantized.weight(), want)  # d * (q - 16) for every weight, to the bit
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(int4.q4_mm(x, quantized.packed(), 32, int4.Q6_K), x @ want.T, rtol=0.05, atol=0.02)
+    # On transformers' forward (Gemma 3) such layers keep int8 (docs/speed.md).
+    assert k_quant_reader(path)("model.layers.0.self_attn.q_proj", want.bfloat16()) is None
+
+
+def test_q8_0_layers_round_onto_the_6_bit_grid_only_for_a_one_call_stack(tmp_path):
+    """A Q5_0 model's few Q8_0 layers would keep its whole stack on torch ops, so
+    they take 6 bits where the stack can run; elsewhere, and for the LM head, int8."""
+    path = tmp_path / "q8.gguf"
+    want = _gguf_of(path, GGMLQuantizationType.Q8_0, 34, ["blk.0.attn_v.weight", "output.weight"], seed=3)
+
+    fitted = k_quant_reader(path, stack=True)("model.layers.0.self_attn.v_proj", want.bfloat16())
+    assert isinstance(fitted, int4.Q6)
+    assert bool(((fitted.weight() - want).abs() <= fitted.steps() * 0.5 + 1e-7).all())
+    assert k_quant_reader(path, stack=True)("model.layers.0.self_attn.v_proj", want.flip(0)) is None
+    assert k_quant_reader(path, stack=True)("lm_head", want.bfloat16()) is None
+    assert k_quant_reader(path)("model.layers.0.self_attn.v_proj", want.bfloat16()) is None
+
+
 def test_any_weight_fits_q4_k_s_grid_within_half_a_step_of_its_value():
     g = torch.Generator().manual_seed(3)
     w = torch.randn(64, 576, generator=g) * torch.rand(64, 1, generator=g)  # 576: a short last superblock
@@ -272,7 +305,7 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(forma
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
     monkeypatch.setattr(loader, "_four_bit",
-                        lambda entry: _file_like if formats != "4-bit" else lambda name, w: int4.fit(w))
+                        lambda entry, model: _file_like if formats != "4-bit" else lambda name, w: int4.fit(w))
     model = tiny_qwen2(len(qwen_tok), seed=1)
     model.save_pretrained(tmp_path)
     qwen_tok.save_pretrained(tmp_path)

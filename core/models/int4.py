@@ -23,8 +23,13 @@ OMNIDRAFT_KERNEL_ISA=avx512vnni (or avx2) picks a build by name.
 
 Which tensors: a target's layers its GGUF file stores as Q4_K or Q6_K, read
 from the file and checked against the loaded weight (read_q4_k, read_q6_k,
-matches); anything else (Q5/Q8 tensors, float models) stays int8, so these
-formats never cost a target accuracy the file did not already have. Q6_K
+matches), and for a Llama or Qwen2 model its Q5_0 ones too (read_q5_0: 5 bits
+sit exactly on the 6-bit grid); anything else (float models, other formats)
+stays int8, so these formats never cost a target accuracy the file did not
+already have, with one exception: a Q5_0 file's few Q8_0 layers
+(Qwen2.5-Coder-0.5B's v projections in half its layers) take 6 bits, so its
+layers run as one call (quantize.k_quant_reader; 16.3 ms a token against 30.3
+ms on torch ops and int8, docs/speed.md). Q6_K
 tensors (half the layers' v and down projections and the LM head of a Q4_K_M
 file) take the 6-bit kernel, so a Q4_K_M target's decoder stack runs as one
 kernel call as the drafter's does (DecoderStack) instead of torch ops between
@@ -177,8 +182,12 @@ def unavailable() -> str | None:
 # quantization each holds (int4_gemm.h): Q4_1's form (4 bits in groups of 32 with
 # an fp16 scale and offset: fit's, and so the drafter's), Q4_K's and Q6_K's.
 Q4_1 = 3
+Q5_0 = 6
+Q8_0 = 8
 Q4_K = 12
 Q6_K = 14
+_Q5_0_BLOCK = 22  # bytes per 32 weights: d (fp16), 32 high bits, 16 bytes of low nibbles
+_Q8_0_BLOCK = 34  # bytes per 32 weights: d (fp16), 32 int8
 _Q4_K_BLOCK = 144  # bytes per 256 weights: d, dmin (fp16), 12 bytes of 6-bit scales/mins, 128 of nibbles
 _Q6_K_BLOCK = 210  # bytes per 256 weights: 128 of low nibbles, 64 of high bit pairs, 16 int8 scales, d (fp16)
 # Module names of a Llama-family decoder layer and their GGUF tensor names.
@@ -230,6 +239,34 @@ def read_q6_k(buffer, offset: int, n: int, k: int) -> Q6:
     d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
     scale = d * blocks[:, 192:208].copy().view(np.int8).astype(np.float32)
     return Q6(torch.from_numpy(q.reshape(n, k).copy()), torch.from_numpy(scale.reshape(n, -1)).half())
+
+
+def read_q5_0(buffer, offset: int, n: int, k: int) -> Q6:
+    """A Q5_0 tensor [n, k] (w = d * (q - 16), q 0..31, d fp16 per 32 inputs) in the
+    6-bit form, exactly: q + 16 on Q6_K's grid, d as both of its 16-input scales.
+    (A 5-bit layout of its own would stream 21% fewer bytes; this one needs no
+    kernel of its own and lets a Q5_0 model's layers run as one call.)"""
+    import numpy as np
+
+    blocks = np.frombuffer(buffer, dtype=np.uint8, count=n * k // 32 * _Q5_0_BLOCK, offset=offset)
+    blocks = blocks.reshape(-1, _Q5_0_BLOCK)
+    d = blocks[:, 0:2].copy().view(np.float16)
+    high = blocks[:, 2:6].copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)
+    low = blocks[:, 6:].reshape(-1, 1, 16) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
+    q = (low & np.uint8(0x0F)).reshape(-1, 32) | ((high & np.uint32(1)).astype(np.uint8) << np.uint8(4))
+    scale = np.repeat(d, 2, axis=1)  # [blocks, 2]: one per 16 inputs
+    return Q6(torch.from_numpy((q + np.uint8(16)).reshape(n, k)), torch.from_numpy(scale.reshape(n, -1).copy()))
+
+
+def read_q8_0(buffer, offset: int, n: int, k: int) -> Q8:
+    """A Q8_0 tensor [n, k]: w = d * q, q int8, d fp16 per 32 inputs."""
+    import numpy as np
+
+    blocks = np.frombuffer(buffer, dtype=np.uint8, count=n * k // 32 * _Q8_0_BLOCK, offset=offset)
+    blocks = blocks.reshape(-1, _Q8_0_BLOCK)
+    d = blocks[:, 0:2].copy().view(np.float16)
+    q = blocks[:, 2:].copy().view(np.int8)
+    return Q8(torch.from_numpy(q.reshape(n, k)), torch.from_numpy(d.reshape(n, -1)))
 
 
 def fit6(weight: torch.Tensor) -> Q6 | None:
@@ -294,7 +331,7 @@ def fit_q4_k(weight: torch.Tensor) -> Q4K | None:
     return Q4K(q.to(torch.uint8).view(n, k), d, dmin, sc, m)
 
 
-def matches(weight: torch.Tensor, quantized: Q4 | Q4K | Q6) -> bool:
+def matches(weight: torch.Tensor, quantized: Q4 | Q4K | Q6 | Q8) -> bool:
     """Whether the 4-bit or 6-bit tensor is the loaded weight (up to the bf16
     rounding of the loaded copy): a reader that finds a tensor stored in another
     order (a loader that permutes it, another architecture's layout) falls back to
@@ -417,6 +454,23 @@ class Q6(NamedTuple):
 
     def steps(self) -> torch.Tensor:
         return self.scale.float().abs().repeat_interleave(Q6_PART, 1)
+
+
+class Q8(NamedTuple):
+    """An 8-bit tensor as a Q8_0 tensor holds it: w = scale * q, q int8, scale fp16
+    per 32 inputs. No kernel layout: read to be checked (matches) and rounded
+    onto the 6-bit grid (fit6) where that lets a layer run in the decoder stack."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    bits = 8
+
+    def weight(self) -> torch.Tensor:
+        n, k = self.q.shape
+        return (self.q.float().view(n, k // GROUP, GROUP) * self.scale.float()[..., None]).view(n, k)
+
+    def steps(self) -> torch.Tensor:
+        return self.scale.float().abs().repeat_interleave(GROUP, 1)
 
 
 def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, kind: int,

@@ -205,12 +205,12 @@ class LeanLlama:
         return module
 
     def _joined(self, *modules) -> Projection:
-        """The model's projections of one input side by side: each run of 4-bit ones
+        """The model's projections of one input side by side: each run of 4-bit (or 6-bit) ones
         of one layout as one product (int4.join, sharing their weights), the others
         called as they are."""
         parts: list = []
         for m in modules:
-            four = isinstance(m, Int4Linear) and m.bits == 4 and self.dtype == torch.float32
+            four = isinstance(m, Int4Linear) and self.dtype == torch.float32
             if four and parts and isinstance(parts[-1], list) and parts[-1][0].kind == m.kind:
                 parts[-1].append(m)
             else:

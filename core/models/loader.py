@@ -24,6 +24,7 @@ from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
 from .int4 import unavailable as int4_unavailable
+from .lean_llama import supports as lean_supports
 from .quantize import FourBit, k_quant_reader, quantize_int8
 from .target_runtime import TargetRunner
 
@@ -114,13 +115,14 @@ def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
     return src
 
 
-def _four_bit(entry: ModelEntry) -> FourBit | None:
-    """Where the target's 4-bit layers come from: its GGUF file's Q4_K tensors, when
-    the 4-bit kernel runs on this machine (core/models/int4.py)."""
+def _four_bit(entry: ModelEntry, model) -> FourBit | None:
+    """Where the target's 4-bit and 6-bit layers come from: its GGUF file's
+    K-quant tensors (and Q5_0 ones for a Llama or Qwen2 model), when the 4-bit
+    kernel runs on this machine (core/models/int4.py)."""
     src = source_path(entry)
     if src.suffix.lower() != ".gguf" or int4_unavailable() is not None:
         return None
-    return k_quant_reader(src)
+    return k_quant_reader(src, stack=lean_supports(model.config) is None)
 
 
 def load(
@@ -146,7 +148,7 @@ def load(
     model.eval()
     if int8:
         progress(f"Quantizing {entry.name}", 0.962)
-        quantize_int8(model, _four_bit(entry) if int4 else None)
+        quantize_int8(model, _four_bit(entry, model) if int4 else None)
     # Not 1.0: the engine still loads the drafter and measures the target after this.
     progress(f"{entry.name} loaded", 0.965)
     return LoadedModel(entry, model, tokenizer, time.perf_counter() - start, int8)
