@@ -81,24 +81,35 @@ def _layer6(n=256, k=512, seed=0) -> int4.Q6:
     return int4.Q6(q, scale)
 
 
+def _layer8(n=256, k=512, seed=0) -> int4.Q8:
+    """Random weights as a Q8_0 tensor holds them, -128 and 127 included."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-128, 128, (n, k), dtype=torch.int16, generator=g).to(torch.int8)
+    q[0, :64] = -128
+    q[1, :64] = 127
+    scale = ((torch.rand(n, k // 32, generator=g) - 0.2) * 0.01).half()
+    return int4.Q8(q, scale)
+
+
 @pytest.mark.parametrize("isa", int4.runnable_isas())
-def test_the_kernel_computes_the_6_bit_product_of_int8_rows(isa):
-    q6 = _layer6()
+@pytest.mark.parametrize("bits", [6, 8])
+def test_the_kernel_computes_the_6_and_8_bit_products_of_int8_rows(isa, bits):
+    form = _layer6() if bits == 6 else _layer8()
     x = torch.randn(11, 512)
     x[4] *= 300
-    got = int4.q4_mm(x, q6.packed(), 256, int4.Q6_K, isa)
+    got = int4.q4_mm(x, form.packed(), 256, form.kind, isa)
     row_scale = x.abs().amax(1, keepdim=True) / 127
-    want = ((x / row_scale).round().double() @ q6.weight().double().T) * row_scale.double()
+    want = ((x / row_scale).round().double() @ form.weight().double().T) * row_scale.double()
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-    layer = int4.low_bit(torch.nn.Linear(512, 256), q6)
-    assert layer.bits == 6 and torch.equal(layer(x), got + layer.bias)
+    layer = int4.low_bit(torch.nn.Linear(512, 256), form)
+    assert layer.bits == bits and torch.equal(layer(x), got + layer.bias)
     assert torch.equal(torch.cat([layer(x[i : i + 1]) for i in range(11)]), layer(x))
 
 
 @pytest.mark.skipif(len(int4.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
 def test_every_instruction_set_gives_the_same_bits():
     x = torch.randn(13, 512)
-    for form in (_layer(), _layer_k(), _layer6()):
+    for form in (_layer(), _layer_k(), _layer6(), _layer8()):
         results = [int4.q4_mm(x, form.packed(), 256, form.kind, isa) for isa in int4.runnable_isas()]
         assert all(torch.equal(results[0], other) for other in results[1:])
 
@@ -123,7 +134,7 @@ def test_the_avx512_products_give_the_avx2_products_bits_under_emulation(emulate
     each layout, row counts around the 8-row blocks, a row ending in a short
     superblock."""
     cases = []
-    for form in (_layer(), _layer_k(), _layer_k(k=352), _layer6()):
+    for form in (_layer(), _layer_k(), _layer_k(k=352), _layer6(), _layer8()):
         for m in (1, 3, 8, 13):
             x = torch.randn(m, form.q.shape[1])
             cases.append((x, form, int4.q4_mm(x, form.packed(), 256, form.kind, "avx2")))
@@ -180,7 +191,7 @@ def test_long_blocks_of_rows_run_on_amx_tiles_in_bf16_and_short_ones_keep_the_in
     in a short Q4_K superblock, a partial block of 16 rows."""
     rows = int4.amx_rows()
     integer = _integer_isa()
-    for form in (_layer(), _layer_k(n=272, k=352), _layer6()):
+    for form in (_layer(), _layer_k(n=272, k=352), _layer6(), _layer8(n=272)):
         n, k = form.q.shape
         x = torch.randn(rows + 21, k)
         x[5] *= 300
@@ -195,7 +206,7 @@ def test_long_blocks_of_rows_run_on_amx_tiles_in_bf16_and_short_ones_keep_the_in
 
 
 def _gguf_of(path, kind: GGMLQuantizationType, block_bytes: int, names: list[str], n=32, k=512, seed=0):
-    """A GGUF file holding one random tensor of this K-quant type under each name;
+    """A GGUF file holding one random tensor of this quantized type under each name;
     returns what gguf dequantizes it to."""
     rng = np.random.default_rng(seed)
     per_block = 32 if kind in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q8_0) else 256
@@ -263,17 +274,18 @@ def test_q5_0_blocks_read_exactly_onto_the_6_bit_grid(tmp_path):
     assert k_quant_reader(path)("model.layers.0.self_attn.q_proj", want.bfloat16()) is None
 
 
-def test_q8_0_layers_round_onto_the_6_bit_grid_only_for_a_one_call_stack(tmp_path):
-    """A Q5_0 model's few Q8_0 layers would keep its whole stack on torch ops, so
-    they take 6 bits where the stack can run; elsewhere, and for the LM head, int8."""
+def test_q8_0_blocks_take_their_own_8_bit_form_where_the_layers_run_as_one_call(tmp_path):
+    """A Q5_0 file's Q8_0 layers (its v projections, its LM head) would keep its
+    whole stack on torch ops in int8: they run in the kernel with the file's weights."""
     path = tmp_path / "q8.gguf"
     want = _gguf_of(path, GGMLQuantizationType.Q8_0, 34, ["blk.0.attn_v.weight", "output.weight"], seed=3)
 
-    fitted = k_quant_reader(path, stack=True)("model.layers.0.self_attn.v_proj", want.bfloat16())
-    assert isinstance(fitted, int4.Q6)
-    assert bool(((fitted.weight() - want).abs() <= fitted.steps() * 0.5 + 1e-7).all())
-    assert k_quant_reader(path, stack=True)("model.layers.0.self_attn.v_proj", want.flip(0)) is None
-    assert k_quant_reader(path, stack=True)("lm_head", want.bfloat16()) is None
+    read = k_quant_reader(path, stack=True)
+    for name in ("model.layers.0.self_attn.v_proj", "lm_head"):
+        quantized = read(name, want.bfloat16())
+        assert isinstance(quantized, int4.Q8)
+        assert torch.equal(quantized.weight(), want)
+    assert read("model.layers.0.self_attn.v_proj", want.flip(0)) is None
     assert k_quant_reader(path)("model.layers.0.self_attn.v_proj", want.bfloat16()) is None
 
 
@@ -299,13 +311,13 @@ def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypat
         m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
 
 
-@pytest.mark.parametrize("formats", ["4-bit", "Q4_K_M-like"])
+@pytest.mark.parametrize("formats", ["4-bit", "Q4_K_M-like", "Q5_0-like"])
 def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(formats, tmp_path, qwen_tok, monkeypatch):
     from omnidraft.core.decoding.sampling import GenerationConfig
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
-    monkeypatch.setattr(loader, "_four_bit",
-                        lambda entry, model: _file_like if formats != "4-bit" else lambda name, w: int4.fit(w))
+    readers = {"4-bit": lambda name, w: int4.fit(w), "Q4_K_M-like": _file_like, "Q5_0-like": _q5_file_like}
+    monkeypatch.setattr(loader, "_four_bit", lambda entry, model: readers[formats])
     model = tiny_qwen2(len(qwen_tok), seed=1)
     model.save_pretrained(tmp_path)
     qwen_tok.save_pretrained(tmp_path)
@@ -314,6 +326,10 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(forma
     layers = len(model.model.layers)
     if formats == "4-bit":
         assert int4_count(engine.target.model) == 7 * layers + 1  # the LM head too
+    elif formats == "Q5_0-like":
+        assert int4_count(engine.target.model, bits=8) == layers + 1
+        assert int4_count(engine.target.model, bits=6) == 6 * layers
+        assert "int8" not in engine.describe_target().runs_as
     else:
         assert int4_count(engine.target.model, bits=6) == 2 * layers + 1
         runs_as = engine.describe_target().runs_as
@@ -368,6 +384,17 @@ def _file_like(name: str, w: torch.Tensor):
     """A Q4_K_M file's choice: v and down projections and the LM head in 6 bits
     (Q6_K), the other projections in 4 (Q4_K)."""
     return int4.fit6(w) if name.endswith(("v_proj", "down_proj", "lm_head")) else int4.fit_q4_k(w)
+
+
+def _q5_file_like(name: str, w: torch.Tensor):
+    """A Q5_0 file's choice (Qwen2.5-Coder-0.5B's): v projections and the LM head
+    in Q8_0, the rest on the 6-bit grid as Q5_0 sits there."""
+    if name.endswith(("v_proj", "lm_head")):
+        n, k = w.shape
+        scale = (w.detach().float().view(n, k // 32, 32).abs().amax(-1) / 127).half()
+        q = (w.detach().float().view(n, k // 32, 32) / scale.float().clamp(min=1e-8)[..., None]).round()
+        return int4.Q8(q.clamp(-127, 127).to(torch.int8).view(n, k), scale)
+    return int4.fit6(w)
 
 
 def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_layers_compute(qwen_tok, monkeypatch):

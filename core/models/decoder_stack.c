@@ -36,7 +36,7 @@ typedef struct {
     const uint8_t *packed; /* int4_gemm.c's block layouts */
     const float *bias;     /* NULL: none */
     int64_t out;           /* 0: no such part */
-    int64_t kind;          /* the layout: LAYOUT_Q4_1, LAYOUT_Q4_K or LAYOUT_Q6_K */
+    int64_t kind;          /* the layout: LAYOUT_Q4_1, LAYOUT_Q4_K, LAYOUT_Q6_K or LAYOUT_Q8_0 */
     /* A learned adapter beside the 4-bit weight, y += (x A^T) B^T per part of a
        fused projection (q, k, v): rounding it into 4 bits would bury it
        (docs/learning.md). NULL: none. A [parts * rank, in] and B^T [rank, out],

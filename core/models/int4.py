@@ -1,4 +1,4 @@
-"""4-bit (and 6-bit) target weights: a GGUF model's Q4_K and Q6_K tensors kept as
+"""4-bit (and 6-bit and 8-bit) target weights: a GGUF model's K-quant tensors kept as
 the file holds them, through kernels whose cost stays near one token's for the
 k+1 rows a verification feeds them.
 
@@ -23,13 +23,11 @@ OMNIDRAFT_KERNEL_ISA=avx512vnni (or avx2) picks a build by name.
 
 Which tensors: a target's layers its GGUF file stores as Q4_K or Q6_K, read
 from the file and checked against the loaded weight (read_q4_k, read_q6_k,
-matches), and for a Llama or Qwen2 model its Q5_0 ones too (read_q5_0: 5 bits
-sit exactly on the 6-bit grid); anything else (float models, other formats)
-stays int8, so these formats never cost a target accuracy the file did not
-already have, with one exception: a Q5_0 file's few Q8_0 layers
-(Qwen2.5-Coder-0.5B's v projections in half its layers) take 6 bits, so its
-layers run as one call (quantize.k_quant_reader; 16.3 ms a token against 30.3
-ms on torch ops and int8, docs/speed.md). Q6_K
+matches), and for a Llama or Qwen2 model its Q5_0 and Q8_0 ones too (read_q5_0:
+5 bits sit exactly on the 6-bit grid; read_q8_0), so a Q5_0 file's layers run
+as one call (Qwen2.5-Coder-0.5B: docs/speed.md); anything else (float models,
+other formats) stays int8, so these formats never cost a target accuracy the
+file did not already have. Q6_K
 tensors (half the layers' v and down projections and the LM head of a Q4_K_M
 file) take the 6-bit kernel, so a Q4_K_M target's decoder stack runs as one
 kernel call as the drafter's does (DecoderStack) instead of torch ops between
@@ -458,12 +456,22 @@ class Q6(NamedTuple):
 
 class Q8(NamedTuple):
     """An 8-bit tensor as a Q8_0 tensor holds it: w = scale * q, q int8, scale fp16
-    per 32 inputs. No kernel layout: read to be checked (matches) and rounded
-    onto the 6-bit grid (fit6) where that lets a layer run in the decoder stack."""
+    per 32 inputs."""
 
     q: torch.Tensor
     scale: torch.Tensor
+    kind = Q8_0
     bits = 8
+
+    def packed(self) -> torch.Tensor:
+        """The kernel's layout (int4_gemm.c): per 16 channels and 32 inputs, q + 128
+        as unsigned bytes in the nibbles' order, then the 16 scales."""
+        n, k = self.q.shape
+        cols, groups = n // CHANNELS, k // GROUP
+        # [col, j, g, (t, b)] -> [col, g, t, j, b]: input 4t + b of channel j
+        u = (self.q.to(torch.int16) + 128).to(torch.uint8).view(cols, CHANNELS, groups, 8, 4)
+        return torch.cat([u.permute(0, 2, 3, 1, 4).reshape(cols, groups, 512), _per_block(self.scale)],
+                         dim=-1).contiguous()
 
     def weight(self) -> torch.Tensor:
         n, k = self.q.shape
@@ -476,7 +484,7 @@ class Q8(NamedTuple):
 def q4_mm(rows: torch.Tensor, packed: torch.Tensor, out_features: int, kind: int,
           isa: str | None = None) -> torch.Tensor:
     """rows [m, k] @ W^T in float32, each row quantized to int8 on its own scale;
-    W packed in layout `kind` (Q4_1, Q4_K or Q6_K: the form's .kind). isa: the
+    W packed in layout `kind` (Q4_1, Q4_K, Q6_K or Q8_0: the form's .kind). isa: the
     kernel build to use, default the best this CPU runs."""
     lib = _library(isa)
     if isinstance(lib, KernelUnavailable):
@@ -495,7 +503,7 @@ class Int4Linear(torch.nn.Module):
 
     bits = 4
 
-    def __init__(self, linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6):
+    def __init__(self, linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6 | Q8):
         super().__init__()
         self._packed, self.kind = quantized.packed(), quantized.kind
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -525,9 +533,18 @@ class Int6Linear(Int4Linear):
     bits = 6
 
 
-def low_bit(linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6) -> Int4Linear:
+class Q8Linear(Int4Linear):
+    """y = x W^T + b with W stored in 8 bits per group of 32, as a Q8_0 tensor
+    holds it (Q8): unlike quantize.Int8Linear's per-channel int8, the file's own
+    weights, and a layer the decoder stack runs."""
+
+    bits = 8
+
+
+def low_bit(linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6 | Q8) -> Int4Linear:
     """The linear layer with the weights read from its file or rounded (fit)."""
-    return Int6Linear(linear, quantized) if isinstance(quantized, Q6) else Int4Linear(linear, quantized)
+    kind = {Q6: Int6Linear, Q8: Q8Linear}.get(type(quantized), Int4Linear)
+    return kind(linear, quantized)
 
 
 def join(layers: list[Int4Linear]):

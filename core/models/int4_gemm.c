@@ -1,5 +1,5 @@
-/* y = x W^T for 4-bit and 6-bit weights: the target's verification kernels
-(core/models/int4.py), in three layouts (int4_gemm.h). Each stores 16 output
+/* y = x W^T for 4-bit, 6-bit and 8-bit weights: the target's verification kernels
+(core/models/int4.py), in four layouts (int4_gemm.h). Each stores 16 output
 channels' weights as one column, front to back along the inputs, so a thread
 streams its channels' weights in order; each group of 32 inputs holds 256 bytes
 of nibbles laid out for VPDPBUSD (byte t*64 + j*4 + b holds channel j's inputs
@@ -19,13 +19,18 @@ inputs. Per group 448 bytes: q's low nibbles (256), then its high bit pairs
 (128: 32-byte chunk 2s+h holds, for byte i of nibble register 4s+f of half h,
 bits 2f..2f+1), then the 32 scales ([16-input part s][channel]).
 
+Q8_0 (exactly): w = s * q, q int8, one fp16 scale per channel and group. Per
+group 544 bytes: q + 128 as unsigned bytes (512, in the nibbles' order: byte
+t*64 + j*4 + b holds channel j's input 4t+b, t < 8), then the 16 scales. (A Q5_0
+model's LM head and v projections: Qwen2.5-Coder-0.5B's.)
+
 Activations: each row quantized to int8 on its own scale (absmax / 127), so a
 row's result never depends on the rows computed beside it, and the integer
 products are exact. Q4_K: per group and row, the integer dot products times sc
 sum in int32 over the superblock (at most 8 x 63 x 32 x 15 x 127 < 2^31), as do
 the row's group sums times m; then, once per superblock, acc += d * dots -
 dmin * mins. Q4_1: per group acc += s * dot + z * sum(group). Q6_K: per 16
-inputs acc += s * (dot - 32 sum). Finally y = acc * row scale. Both instruction
+inputs acc += s * (dot - 32 sum). Q8_0: per group acc += s * (dot - 128 sum). Finally y = acc * row scale. Both instruction
 sets compute the same integers and the same float steps, so the same bits.
 
 The weights are unpacked once per group and used by up to 8 rows, so up to 8
@@ -50,6 +55,7 @@ the cost of several rows (docs/speed.md).
 #define SUPER_HEAD 64      /* a Q4_K superblock's d and dmin */
 #define GROUP_BYTES 288    /* a Q4_K group's nibbles, sc and m */
 #define Q6_BLOCK_BYTES 448
+#define Q8_BLOCK_BYTES 544
 #define MAX_ROWS 8
 
 /* One row to int8 on its own scale (absmax / 127), and the sums of its int8 values
@@ -247,6 +253,29 @@ static inline __attribute__((always_inline)) void q6k_column(
         _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
 }
 
+/* 8-bit: per group d = sum((q + 128) x) - 128 sum(x) = sum(q x) exactly, then acc += s * d. */
+static inline __attribute__((always_inline)) void q8_column(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
+        ahead(b, Q8_BLOCK_BYTES);
+        __m512i w[8];
+        for (int t = 0; t < 8; t++) w[t] = _mm512_loadu_si512((const void *)(b + 64 * t));
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 512)));
+        for (int r = 0; r < rows; r++) {
+            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+            __m512i d = _mm512_set1_epi32(-128 * (int32_t)group_sum[r * stride + g]);
+            for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
+}
+
 #else
 /* Half h's nibbles (8 channels, from b + 32h) as 8 registers, as above. */
 static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m256i w[8]) {
@@ -428,6 +457,40 @@ static inline __attribute__((always_inline)) void q6k_column(
         for (int h = 0; h < 2; h++)
             _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
 }
+/* 8-bit with AVX2: VPMADDUBSW takes unsigned times signed bytes, and (q + 128) x
+   pairs would saturate int16, so each product is |q| times x with q's sign
+   (2 x 128 x 127 < 32768 a pair), widened to int32 at once: the same integer
+   sum(q x) and float step as the AVX-512 path. */
+static inline __attribute__((always_inline)) void q8_column(
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    (void)group_sum, (void)stride;
+    __m256 acc[MAX_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
+        ahead(b, Q8_BLOCK_BYTES);
+        for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
+            __m256i w[8];
+            for (int t = 0; t < 8; t++)
+                w[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h)), flip); /* q */
+            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 512 + 16 * h)));
+            for (int r = 0; r < rows; r++) {
+                const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
+                __m256i d = _mm256_setzero_si256();
+                for (int t = 0; t < 8; t++) {
+                    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[t]), _mm256_sign_epi8(_mm256_set1_epi32(xr[t]), w[t]));
+                    d = _mm256_add_epi32(d, _mm256_madd_epi16(p, ones));
+                }
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
+}
 #endif
 
 #ifdef __AMX_BF16__
@@ -518,6 +581,14 @@ static void dequantize_column(int kind, const uint8_t *column, int64_t groups, u
                 for (int t = 0; t < 8; t++) emit_bf16(w[t], ss, ms, out + (g0 + i) * TILE_BF16 + 64 * t);
             }
             head = first + count * GROUP_BYTES;
+        }
+    } else if (kind == LAYOUT_Q8_0) {
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *b = column + g * Q8_BLOCK_BYTES;
+            __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 512)));
+            spread(sc, _mm512_mul_ps(sc, _mm512_set1_ps(128.0f)), ss, ms); /* s (q + 128) - 128 s */
+            for (int t = 0; t < 8; t++)
+                emit_bf16(_mm512_loadu_si512((const void *)(b + 64 * t)), ss, ms, out + g * TILE_BF16 + 64 * t);
         }
     } else if (kind == LAYOUT_Q6_K) {
         for (int64_t g = 0; g < groups; g++) {
@@ -650,6 +721,7 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
     case LAYOUT_Q4_1: column_bytes = groups * Q4_BLOCK_BYTES; break;
     case LAYOUT_Q4_K: column_bytes = supers * SUPER_HEAD + groups * GROUP_BYTES; break;
     case LAYOUT_Q6_K: column_bytes = groups * Q6_BLOCK_BYTES; break;
+    case LAYOUT_Q8_0: column_bytes = groups * Q8_BLOCK_BYTES; break;
     default: return -1;
     }
 #ifdef __AMX_BF16__
@@ -685,6 +757,8 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
                     ROWS(q4k_column)
                 } else if (kind == LAYOUT_Q6_K) {
                     ROWS(q6k_column)
+                } else if (kind == LAYOUT_Q8_0) {
+                    ROWS(q8_column)
                 } else {
                     ROWS(q4_column)
                 }

@@ -1,4 +1,4 @@
-/* The 4-bit and 6-bit products (int4_gemm.c), as decoder_stack.c calls them. */
+/* The 4-bit, 6-bit and 8-bit products (int4_gemm.c), as decoder_stack.c calls them. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -23,8 +23,8 @@ typedef struct {
 
 /* The weights' layouts (int4_gemm.c), numbered as GGML numbers the quantization
    each holds: 4 bits in groups of 32 with an fp16 scale and offset each (Q4_1's
-   form, int4.fit's), Q4_K's superblocks, Q6_K's blocks. */
-enum { LAYOUT_Q4_1 = 3, LAYOUT_Q4_K = 12, LAYOUT_Q6_K = 14 };
+   form, int4.fit's), Q4_K's superblocks, Q6_K's blocks, Q8_0's blocks. */
+enum { LAYOUT_Q4_1 = 3, LAYOUT_Q8_0 = 8, LAYOUT_Q4_K = 12, LAYOUT_Q6_K = 14 };
 
 int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
             int64_t ldy, int threads);

@@ -117,9 +117,10 @@ def describe(
 def _runs_as(target: LoadedModel, computes_in: str) -> str:
     if not target.int8:
         return computes_in
-    four, six = int4_count(target.model), int4_count(target.model, bits=6)
-    if four or six:
-        sizes = f"4-bit weights in {four} layers" + (f", 6-bit in {six}" if six else "")
+    four, six, eight = (int4_count(target.model, bits=bits) for bits in (4, 6, 8))
+    if four or six or eight:
+        sizes = ", ".join(f"{bits}-bit in {n}" for bits, n in ((6, six), (8, eight)) if n)
+        sizes = f"4-bit weights in {four} layers" + (f", {sizes}" if sizes else "")
         rest = ", int8 in the rest" if any(isinstance(m, Int8Linear) for m in target.model.modules()) else ""
         return f"{sizes} (as in the file; {int4.kernel_isa()} kernel){rest}, {computes_in} activations"
     why = int4.unavailable() if target.entry.is_gguf else None

@@ -105,16 +105,15 @@ def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> in
 
 def k_quant_reader(gguf: Path, stack: bool = False) -> FourBit:
     """The layers of the model loaded from this GGUF file that it stores as Q4_K or
-    Q6_K, in their 4-bit or 6-bit form; None for the others, and for a tensor not
+    Q6_K, in the kernel's form (int4.low_bit); None for the others, and for a tensor not
     stored as the loaded weight (see int4.matches).
     stack: the model's layers can run as one kernel call (a Llama or Qwen2 model,
-    LeanLlama's). Then Q5_0 layers take the 6-bit form too (exactly) and the few
-    Q8_0 ones (a Q5_0 file's v projections) are rounded onto its grid, so the
+    LeanLlama's). Then Q5_0 layers take the 6-bit form too (exactly) and Q8_0
+    ones (a Q5_0 file's v projections and LM head) their own 8-bit form, so the
     whole stack runs as one call rather than on torch ops: Qwen2.5-Coder-0.5B
-    1.9x faster (docs/speed.md). The LM head keeps int8 (the argmax is read from
-    it). A model on transformers' forward (Gemma 3) keeps int8 for them: its
-    plain steps got 7-11% faster in 6 bits, but its drafted replies' tokens/s
-    fell 4-6% on the changed replies' acceptance (docs/speed.md)."""
+    ~2x faster (docs/speed.md). A model on transformers' forward (Gemma 3) keeps
+    int8 for them: its plain steps got 7-11% faster with Q5_0 in 6 bits, but its
+    drafted replies' tokens/s fell 4-6% on the changed replies' acceptance."""
     tensors = {t.name: t for t in read_header(gguf).tensors}
     with open(gguf, "rb") as f:
         buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -127,15 +126,11 @@ def k_quant_reader(gguf: Path, stack: bool = False) -> FourBit:
         tensor = tensors.get(name)
         if tensor is None or tensor.ggml_type not in readers or len(tensor.dims) != 2:
             return None
-        if tensor.ggml_type == int4.Q8_0 and name == "output.weight":
-            return None
         k, n = tensor.dims
         if n % int4.CHANNELS:
             return None
         quantized = readers[tensor.ggml_type](buffer, tensor.offset, n, k)
-        if not int4.matches(weight, quantized):
-            return None
-        return int4.fit6(quantized.weight()) if isinstance(quantized, int4.Q8) else quantized
+        return quantized if int4.matches(weight, quantized) else None
 
     return read
 
@@ -166,5 +161,5 @@ def is_quantized(model: torch.nn.Module) -> bool:
 
 
 def int4_count(model: torch.nn.Module, bits: int = 4) -> int:
-    """How many linear layers hold 4-bit weights (or `bits`: 6)."""
+    """How many linear layers hold 4-bit weights (or `bits`: 6, 8)."""
     return sum(isinstance(m, int4.Int4Linear) and m.bits == bits for m in model.modules())
