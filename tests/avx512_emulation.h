@@ -76,11 +76,30 @@ E E512 e_cvtph_ps(__m256i h) {
 }
 E E512i e_cvtepu8_epi32(__m128i v) { uint8_t b[16]; _mm_storeu_si128((__m128i *)b, v); LANES(E512i, 16, r.i[i] = b[i]) }
 E E512i e_cvtepu8_epi16(__m256i v) { uint8_t b[32]; _mm256_storeu_si256((__m256i *)b, v); LANES(E512i, 32, r.h[i] = b[i]) }
+/* Within each 128-bit chunk c (floats 4c..4c+3), as the instructions do. __m512d is
+   held as 16 floats, a double as its two: only moved, never computed on, here. */
+E E512 e_unpacklo_ps(E512 a, E512 b)
+    LANES(E512, 16, r.f[i] = (i % 2 ? b : a).f[i / 4 * 4 + i % 4 / 2])
+E E512 e_unpackhi_ps(E512 a, E512 b)
+    LANES(E512, 16, r.f[i] = (i % 2 ? b : a).f[i / 4 * 4 + 2 + i % 4 / 2])
+E E512 e_unpacklo_pd(E512 a, E512 b) LANES(E512, 16, r.f[i] = (i % 4 < 2 ? a : b).f[i / 4 * 4 + i % 2])
+E E512 e_unpackhi_pd(E512 a, E512 b) LANES(E512, 16, r.f[i] = (i % 4 < 2 ? a : b).f[i / 4 * 4 + 2 + i % 2])
+E E512 e_shuffle_f32x4(E512 a, E512 b, int imm)
+    LANES(E512, 16, r.f[i] = (i < 8 ? a : b).f[(imm >> (2 * (i / 4)) & 3) * 4 + i % 4])
+E E512 e_cast(E512 a) { return a; }
 #undef LANES
 #undef E
 
 #define __m512 E512
 #define __m512i E512i
+#define __m512d E512
+#define _mm512_unpacklo_ps e_unpacklo_ps
+#define _mm512_unpackhi_ps e_unpackhi_ps
+#define _mm512_unpacklo_pd e_unpacklo_pd
+#define _mm512_unpackhi_pd e_unpackhi_pd
+#define _mm512_shuffle_f32x4 e_shuffle_f32x4
+#define _mm512_castps_pd e_cast
+#define _mm512_castpd_ps e_cast
 #define _mm512_setzero_ps e_setzero_ps
 #define _mm512_setzero_si512 e_setzero_si512
 #define _mm512_set1_ps e_set1_ps

@@ -26,6 +26,7 @@ with the products on AMX tiles, those loops on one thread were a sixth of a
 */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,17 +280,38 @@ static inline vec vexp(vec x) {
     return vexp2_times(p, n);
 }
 
+/* Lane j of the result: the sum of v[j]'s lanes, by the same tree of additions for
+   every j (a transpose-and-add: ~3 instructions a vector instead of a reduction's ~10). */
+static inline vec lane_sums(const vec v[VW]) {
+#ifdef __AVX512F__
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++) /* per 128-bit chunk: (a0+a2, b0+b2, a1+a3, b1+b3) */
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) { /* per chunk c: vectors 4i..4i+3's sums over chunk c (pairs moved as doubles) */
+        __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+#else
+    __m256 t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++) {
+        __m256d a = _mm256_castps_pd(t[2 * i]), b = _mm256_castps_pd(t[2 * i + 1]);
+        u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+#endif
+}
+
 #define MAX_HEAD_DIM 256 /* decoder_stack refuses more (int4.py checks first) */
 
-/* One query row of one head over `seen` cached positions; d a multiple of 16. */
-static void attend(const float *q, const float *keys, const float *values, int64_t seen, int64_t d, float scale,
-                   float *sc, float *out) {
+/* A query's scores sc[0..seen) (already scaled) to softmax numerators in place;
+   returns 1 / their sum. */
+static float softmax_in_place(float *sc, int64_t seen) {
     vec best = vset1(-INFINITY);
-    for (int64_t p = 0; p < seen; p++) {
-        vec acc = vzero();
-        for (int64_t i = 0; i < d; i += VW) acc = vfmadd(vload(q + i), vload(keys + p * d + i), acc);
-        sc[p] = vsum(acc) * scale;
-    }
     for (int64_t p = 0; p < seen; p += VW) {
         vmask m = tail(seen - p);
         best = vmax(best, vselect(m, vload_tail(sc + p, m), vset1(-INFINITY)));
@@ -301,19 +323,78 @@ static void attend(const float *q, const float *keys, const float *values, int64
         vstore_tail(sc + p, m, e);
         sum = vadd(sum, e);
     }
-    float inv = 1.0f / vsum(sum);
-    /* All of a row's d / VW sums at once (d <= MAX_HEAD_DIM): one chain of dependent
-       multiply-adds each, side by side, instead of one after another; each output
-       still sums the positions in order, so its bits are unchanged. */
-    vec acc[MAX_HEAD_DIM / VW];
-    int64_t lanes = d / VW;
-    for (int64_t i = 0; i < lanes; i++) acc[i] = vzero();
-    for (int64_t p = 0; p < seen; p++) {
-        vec s = vset1(sc[p]);
-        const float *v = values + p * d;
-        for (int64_t i = 0; i < lanes; i++) acc[i] = vfmadd(s, vload(v + i * VW), acc[i]);
+    return 1.0f / vsum(sum);
+}
+
+/* Scores of positions p0..p0+count-1 (count <= VW) for query q into sc: VW keys at
+   once, one chain of multiply-adds each, summed by lane_sums. A position's score
+   does not depend on the others beside it (positions past count read p0's key
+   and are not stored: the cache may end there). */
+static inline void score_positions(const float *q, const float *keys, int64_t p0, int64_t count, int64_t d,
+                                   float scale, float *sc) {
+    vec acc[VW];
+    const float *key[VW];
+    for (int j = 0; j < VW; j++) acc[j] = vzero(), key[j] = keys + (p0 + (j < count ? j : 0)) * d;
+    for (int64_t k = 0; k < d; k += VW) {
+        vec qk = vload(q + k);
+        for (int j = 0; j < VW; j++) acc[j] = vfmadd(qk, vload(key[j] + k), acc[j]);
     }
-    for (int64_t i = 0; i < lanes; i++) vstore(out + i * VW, vmul(acc[i], vset1(inv)));
+    vstore_tail(sc + p0, tail(count), vmul(lane_sums(acc), vset1(scale)));
+}
+
+/* out += the softmax numerators sc[b..stop) times their values, `lanes` vectors a
+   value (a constant where inlined, so the sums stay in registers); out starts at
+   zero in the first block. Each output lane sums the positions in order. */
+static inline __attribute__((always_inline)) void weigh_values(const float *sc, const float *values, int64_t b,
+                                                               int64_t stop, int64_t lanes, float *out) {
+    vec acc[MAX_HEAD_DIM / VW];
+    for (int64_t l = 0; l < lanes; l++) acc[l] = b ? vload(out + l * VW) : vzero();
+    for (int64_t p = b; p < stop; p++) {
+        vec s = vset1(sc[p]);
+        const float *v = values + p * lanes * VW;
+        for (int64_t l = 0; l < lanes; l++) acc[l] = vfmadd(s, vload(v + l * VW), acc[l]);
+    }
+    for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, acc[l]);
+}
+
+#define ATT_BLOCK 32 /* positions whose keys (then values) stay in L1 while every query of a task reads them */
+#define ATT_ROWS 8   /* new rows a task takes at most (a verification's all; a prompt's in blocks) */
+
+/* Query heads h0..h1-1, which share one key/value head, for new rows r0..r1-1 (row r
+   sees positions 0..start+r) into att. Each block of keys and of values is read once
+   for all these queries, not once per head and row: a 5-row verification of
+   Qwen2.5-Coder-1.5B after 2,000 positions re-read each layer's 4 MB of keys and
+   values 30 times that way (docs/speed.md). Each query still sums its positions in
+   order, as one head of one row alone does, so the bits are unchanged. sc: room for
+   (h1 - h0) * (r1 - r0) rows of start + r1 scores; inv: for as many sums. */
+static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int64_t r0, int64_t r1,
+                         int64_t h0, int64_t h1, const float *keys, const float *values, int64_t d, float scale,
+                         float *sc, float *inv, float *att, int64_t att_width) {
+    int64_t rows = r1 - r0, queries = (h1 - h0) * rows, end = start + r1, lanes = d / VW;
+    for (int64_t b = 0; b < end; b += ATT_BLOCK)
+        for (int64_t i = 0; i < queries; i++) {
+            int64_t r = r0 + i % rows, seen = start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
+            const float *q = qkv + r * qkv_width + (h0 + i / rows) * d;
+            for (int64_t p0 = b; p0 < stop; p0 += VW)
+                score_positions(q, keys, p0, stop - p0 < VW ? stop - p0 : VW, d, scale, sc + i * end);
+        }
+    for (int64_t i = 0; i < queries; i++) inv[i] = softmax_in_place(sc + i * end, start + r0 + i % rows + 1);
+    for (int64_t b = 0; b < end; b += ATT_BLOCK)
+        for (int64_t i = 0; i < queries; i++) {
+            int64_t r = r0 + i % rows, seen = start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
+            if (b >= seen) continue;
+            float *out = att + r * att_width + (h0 + i / rows) * d;
+            if (lanes == 64 / VW)
+                weigh_values(sc + i * end, values, b, stop, 64 / VW, out);
+            else if (lanes == 128 / VW)
+                weigh_values(sc + i * end, values, b, stop, 128 / VW, out);
+            else
+                weigh_values(sc + i * end, values, b, stop, lanes, out);
+        }
+    for (int64_t i = 0; i < queries; i++) {
+        float *out = att + (r0 + i % rows) * att_width + (h0 + i / rows) * d;
+        for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, vmul(vload(out + l * VW), vset1(inv[i])));
+    }
 }
 
 /* out = silu(gate) * up over `count` values (a multiple of 16). */
@@ -345,6 +426,16 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
     float *act = lines(sizeof(float) * (size_t)(n * inter));
     int failed = !h || !qkv || !att || !gu || !act || d > MAX_HEAD_DIM;
     float scale = 1.0f / sqrtf((float)d);
+    /* Attention's tasks: per key/value head, its query heads in chunks (enough tasks
+       for the threads: Qwen2.5-1.5B's 2 key/value heads of 6 each in chunks of 3,
+       SmolLM2's 3 of 3 in 2 and 1), and the rows in blocks of ATT_ROWS. */
+    int64_t chunks = (2 * threads + n_kv - 1) / n_kv;
+    if (chunks > group) chunks = group;
+    int64_t chunk = (group + chunks - 1) / chunks, row_blocks = (n + ATT_ROWS - 1) / ATT_ROWS;
+    int64_t tasks = n_kv * chunks * row_blocks, per_thread = chunk * ATT_ROWS * end;
+    float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread));
+    float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * ATT_ROWS));
+    failed |= !score_room || !sum_room;
     for (int64_t l = 0; l < n_layers && !failed; l++) {
         const Layer *L = layers + l;
         float *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
@@ -363,18 +454,18 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
         }
 #pragma omp parallel num_threads(threads)
         {
-            float *scores = malloc(sizeof(float) * (size_t)end);  /* this thread's, one row's at a time */
-            if (!scores) failed = 1;
+            int me = omp_get_thread_num(); /* this thread's scores and sums, one task's at a time */
+            float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * ATT_ROWS;
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < n_heads * n; t++) {
-                int64_t hd = t / n, r = t % n, j = hd / group;
-                if (scores)
-                    attend(qkv + r * qkv_width + hd * d, keys + j * capacity * d, values + j * capacity * d,
-                           start + r + 1, d, scale, scores, att + r * n_heads * d + hd * d);
+            for (int64_t t = 0; t < tasks; t++) {
+                int64_t j = t / (chunks * row_blocks), c = t / row_blocks % chunks, r0 = t % row_blocks * ATT_ROWS;
+                int64_t h0 = j * group + c * chunk, h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
+                if (h0 < h1)
+                    attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
+                                 keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, att,
+                                 n_heads * d);
             }
-            free(scores);
         }
-        if (failed) break;
         if (project(&L->o, att, n, n_heads * d, h, hidden, threads)) { failed = 1; break; }
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) {
@@ -388,6 +479,6 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) add_row(x + r * hidden, h + r * hidden, hidden);
     }
-    free(h), free(qkv), free(att), free(gu), free(act);
+    free(h), free(qkv), free(att), free(gu), free(act), free(score_room), free(sum_room);
     return failed ? -1 : 0;
 }
