@@ -333,11 +333,10 @@ static float softmax_in_place(float *sc, int64_t seen) {
 static inline void score_positions(const float *q, const float *keys, int64_t p0, int64_t count, int64_t d,
                                    float scale, float *sc) {
     vec acc[VW];
-    const float *key[VW];
-    for (int j = 0; j < VW; j++) acc[j] = vzero(), key[j] = keys + (p0 + (j < count ? j : 0)) * d;
-    for (int64_t k = 0; k < d; k += VW) {
-        vec qk = vload(q + k);
-        for (int j = 0; j < VW; j++) acc[j] = vfmadd(qk, vload(key[j] + k), acc[j]);
+    for (int j = 0; j < VW; j++) {
+        const float *key = keys + (p0 + (j < count ? j : 0)) * d;
+        acc[j] = vzero();
+        for (int64_t k = 0; k < d; k += VW) acc[j] = vfmadd(vload(q + k), vload(key + k), acc[j]);
     }
     vstore_tail(sc + p0, tail(count), vmul(lane_sums(acc), vset1(scale)));
 }

@@ -1,0 +1,80 @@
+"""The kernels at a git revision against the working tree's on a target's whole
+forward, at growing context lengths: ms a forward of 1 and 5 new rows after
+--contexts random tokens (medians of --reps, the two builds interleaved), whether
+both builds give the same logits, and whether a 5-row block's logits are its rows'
+one-token steps' bit for bit (what keeps speculative decoding lossless).
+
+    PYTHONPATH=. .venv/bin/python scripts/attention_ab.py --against c7095f9~1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from kernel_ab import build, int4_at
+from omnidraft.core.models import int4
+from omnidraft.core.models.catalog import ModelCatalog
+from omnidraft.core.models.loader import load
+
+SOURCES = ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--against", required=True, help="git revision whose kernels to compare")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--contexts", default="200,1000,2000")
+    parser.add_argument("--reps", type=int, default=9)
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="kernels-"))
+    for name in SOURCES:
+        text = subprocess.run(["git", "show", f"{args.against}:core/models/{name}"], capture_output=True,
+                              text=True, check=True).stdout
+        (folder / name).write_text(text)
+    libs = {args.against: build(int4_at(folder), folder), "working tree": int4._library()}
+    net = load(ModelCatalog().get(args.target), torch.bfloat16, int8=True).runner.net
+    if net is None or net.stack is None:
+        raise SystemExit(f"{args.target} does not run as one decoder-stack call here")
+
+    def use(name: str) -> None:
+        int4._library = lambda isa=None, lib=libs[name]: lib
+
+    contexts = [int(c) for c in args.contexts.split(",")]
+    ids = torch.randint(100, 20000, (max(contexts) + 8,), generator=torch.Generator().manual_seed(0)).tolist()
+    logits = {}
+    for name in libs:
+        use(name)
+        net.reset()
+        logits[name] = [net.forward(ids[:300])[0], net.forward(ids[300:305])[0], net.forward(ids[305:306])[0]]
+    print("same logits from both builds:", all(torch.equal(a, b) for a, b in zip(*logits.values())))
+    for ctx in contexts:
+        net.reset()
+        net.forward(ids[:ctx], last=1)
+        times = {(name, n): [] for name in libs for n in (1, 5)}
+        for _ in range(args.reps):
+            for n in (1, 5):
+                for name in libs:
+                    use(name)
+                    start = time.perf_counter()
+                    net.forward(ids[ctx:ctx + n], last=n)
+                    times[name, n].append(time.perf_counter() - start)
+                    net.rollback(ctx)
+        print(f"after {ctx} positions: " + "  ".join(
+            f"{name} {n} rows {1000 * statistics.median(v):.1f} ms" for (name, n), v in times.items()))
+    use("working tree")
+    net.reset()
+    net.forward(ids[:min(contexts)], last=1)
+    block = net.forward(ids[min(contexts):min(contexts) + 5])[0]
+    net.rollback(min(contexts))
+    single = torch.cat([net.forward([t])[0] for t in ids[min(contexts):min(contexts) + 5]])
+    print("a 5-row block's logits are its rows' one-token steps', bit for bit:", torch.equal(block, single))
+
+
+if __name__ == "__main__":
+    main()
