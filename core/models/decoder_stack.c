@@ -326,34 +326,70 @@ static float softmax_in_place(float *sc, int64_t seen) {
     return 1.0f / vsum(sum);
 }
 
-/* Scores of positions p0..p0+count-1 (count <= VW) for query q into sc: VW keys at
-   once, one chain of multiply-adds each, summed by lane_sums. A position's score
-   does not depend on the others beside it (positions past count read p0's key
-   and are not stored: the cache may end there). */
-static inline void score_positions(const float *q, const float *keys, int64_t p0, int64_t count, int64_t d,
-                                   float scale, float *sc) {
+/* Scores of positions p0..p0+count-1 (count <= VW) for query q into sc, summed by
+   lane_sums. A whole block of VW keys runs VW independent chains of multiply-adds
+   side by side (d a constant where inlined, so each key is an offset from one
+   pointer); a short one (the row's last, where the cache may end) one position
+   after another. Either way a position's chain and sum are the same, so its score
+   does not depend on the positions beside it. */
+static inline __attribute__((always_inline)) void score_positions(const float *q, const float *keys, int64_t p0,
+                                                                  int64_t count, int64_t d, float scale, float *sc) {
     vec acc[VW];
-    for (int j = 0; j < VW; j++) {
-        const float *key = keys + (p0 + (j < count ? j : 0)) * d;
-        acc[j] = vzero();
-        for (int64_t k = 0; k < d; k += VW) acc[j] = vfmadd(vload(q + k), vload(key + k), acc[j]);
+    const float *base = keys + p0 * d;
+    if (count == VW) {
+        for (int j = 0; j < VW; j++) acc[j] = vzero();
+        for (int64_t k = 0; k < d; k += VW) {
+            vec qk = vload(q + k);
+            for (int j = 0; j < VW; j++) acc[j] = vfmadd(qk, vload(base + j * d + k), acc[j]);
+        }
+    } else {
+        for (int j = 0; j < VW; j++) {
+            acc[j] = vzero();
+            if (j < count)
+                for (int64_t k = 0; k < d; k += VW) acc[j] = vfmadd(vload(q + k), vload(base + j * d + k), acc[j]);
+        }
     }
     vstore_tail(sc + p0, tail(count), vmul(lane_sums(acc), vset1(scale)));
 }
 
-/* out += the softmax numerators sc[b..stop) times their values, `lanes` vectors a
-   value (a constant where inlined, so the sums stay in registers); out starts at
-   zero in the first block. Each output lane sums the positions in order. */
-static inline __attribute__((always_inline)) void weigh_values(const float *sc, const float *values, int64_t b,
-                                                               int64_t stop, int64_t lanes, float *out) {
-    vec acc[MAX_HEAD_DIM / VW];
-    for (int64_t l = 0; l < lanes; l++) acc[l] = b ? vload(out + l * VW) : vzero();
-    for (int64_t p = b; p < stop; p++) {
-        vec s = vset1(sc[p]);
-        const float *v = values + p * lanes * VW;
-        for (int64_t l = 0; l < lanes; l++) acc[l] = vfmadd(s, vload(v + l * VW), acc[l]);
+/* out1 += sc1[b..stop1) times their values, and out2 the same for sc2 (NULL: no
+   second query): `lanes` vectors a value (a constant where inlined, so the sums stay
+   in registers); outs start at zero in the first block. Two queries side by side
+   share each value's loads and run twice the independent chains of multiply-adds
+   (a head of 64 has 4 a query, too few to hide their latency); each output lane
+   still sums its positions in order, so a query's bits do not depend on its
+   partner. */
+static inline __attribute__((always_inline)) void weigh_values(const float *sc1, const float *sc2,
+                                                               const float *values, int64_t b, int64_t stop1,
+                                                               int64_t stop2, int64_t lanes, float *out1,
+                                                               float *out2) {
+    vec a1[MAX_HEAD_DIM / VW], a2[MAX_HEAD_DIM / VW];
+    int64_t both = sc2 ? (stop1 < stop2 ? stop1 : stop2) : b;
+    for (int64_t l = 0; l < lanes; l++) {
+        a1[l] = b ? vload(out1 + l * VW) : vzero();
+        if (sc2) a2[l] = b ? vload(out2 + l * VW) : vzero();
     }
-    for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, acc[l]);
+    for (int64_t p = b; p < both; p++) {
+        vec s1 = vset1(sc1[p]), s2 = vset1(sc2[p]);
+        const float *v = values + p * lanes * VW;
+        for (int64_t l = 0; l < lanes; l++) {
+            vec x = vload(v + l * VW);
+            a1[l] = vfmadd(s1, x, a1[l]), a2[l] = vfmadd(s2, x, a2[l]);
+        }
+    }
+    for (int64_t p = both; p < stop1; p++) {
+        vec s1 = vset1(sc1[p]);
+        for (int64_t l = 0; l < lanes; l++) a1[l] = vfmadd(s1, vload(values + p * lanes * VW + l * VW), a1[l]);
+    }
+    if (sc2)
+        for (int64_t p = both; p < stop2; p++) {
+            vec s2 = vset1(sc2[p]);
+            for (int64_t l = 0; l < lanes; l++) a2[l] = vfmadd(s2, vload(values + p * lanes * VW + l * VW), a2[l]);
+        }
+    for (int64_t l = 0; l < lanes; l++) {
+        vstore(out1 + l * VW, a1[l]);
+        if (sc2) vstore(out2 + l * VW, a2[l]);
+    }
 }
 
 #define ATT_BLOCK 32 /* positions whose keys (then values) stay in L1 while every query of a task reads them */
@@ -374,21 +410,36 @@ static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int
         for (int64_t i = 0; i < queries; i++) {
             int64_t r = r0 + i % rows, seen = start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
             const float *q = qkv + r * qkv_width + (h0 + i / rows) * d;
-            for (int64_t p0 = b; p0 < stop; p0 += VW)
-                score_positions(q, keys, p0, stop - p0 < VW ? stop - p0 : VW, d, scale, sc + i * end);
+            for (int64_t p0 = b; p0 < stop; p0 += VW) {
+                int64_t count = stop - p0 < VW ? stop - p0 : VW;
+                if (d == 64)
+                    score_positions(q, keys, p0, count, 64, scale, sc + i * end);
+                else if (d == 128)
+                    score_positions(q, keys, p0, count, 128, scale, sc + i * end);
+                else
+                    score_positions(q, keys, p0, count, d, scale, sc + i * end);
+            }
         }
     for (int64_t i = 0; i < queries; i++) inv[i] = softmax_in_place(sc + i * end, start + r0 + i % rows + 1);
     for (int64_t b = 0; b < end; b += ATT_BLOCK)
-        for (int64_t i = 0; i < queries; i++) {
-            int64_t r = r0 + i % rows, seen = start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
-            if (b >= seen) continue;
-            float *out = att + r * att_width + (h0 + i / rows) * d;
+        for (int64_t i = 0; i < queries;) {
+            int64_t pick[2], live = 0, stop[2] = {b, b};
+            float *out[2] = {NULL, NULL};
+            for (; i < queries && live < 2; i++) { /* the next two queries that see block b */
+                int64_t r = r0 + i % rows, seen = start + r + 1;
+                if (b >= seen) continue;
+                stop[live] = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
+                out[live] = att + r * att_width + (h0 + i / rows) * d;
+                pick[live++] = i;
+            }
+            if (!live) break;
+            const float *sc1 = sc + pick[0] * end, *sc2 = live > 1 ? sc + pick[1] * end : NULL;
             if (lanes == 64 / VW)
-                weigh_values(sc + i * end, values, b, stop, 64 / VW, out);
+                weigh_values(sc1, sc2, values, b, stop[0], stop[1], 64 / VW, out[0], out[1]);
             else if (lanes == 128 / VW)
-                weigh_values(sc + i * end, values, b, stop, 128 / VW, out);
+                weigh_values(sc1, sc2, values, b, stop[0], stop[1], 128 / VW, out[0], out[1]);
             else
-                weigh_values(sc + i * end, values, b, stop, lanes, out);
+                weigh_values(sc1, sc2, values, b, stop[0], stop[1], lanes, out[0], out[1]);
         }
     for (int64_t i = 0; i < queries; i++) {
         float *out = att + (r0 + i % rows) * att_width + (h0 + i / rows) * d;
