@@ -116,9 +116,9 @@ def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
 
 
 def _four_bit(entry: ModelEntry, model) -> FourBit | None:
-    """Where the target's 4-bit and 6-bit layers come from: its GGUF file's
-    K-quant tensors (and Q5_0 ones for a Llama or Qwen2 model), when the 4-bit
-    kernel runs on this machine (core/models/int4.py)."""
+    """Where the target's 4-, 6- and 8-bit layers come from: its GGUF file's
+    K-quant tensors (and Q5_0 and Q8_0 ones for a Llama or Qwen2 model), when
+    the 4-bit kernel runs on this machine (core/models/int4.py)."""
     src = source_path(entry)
     if src.suffix.lower() != ".gguf" or int4_unavailable() is not None:
         return None
