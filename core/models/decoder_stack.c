@@ -482,9 +482,10 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
     int64_t chunks = (2 * threads + n_kv - 1) / n_kv;
     if (chunks > group) chunks = group;
     int64_t chunk = (group + chunks - 1) / chunks, row_blocks = (n + ATT_ROWS - 1) / ATT_ROWS;
-    int64_t tasks = n_kv * chunks * row_blocks, per_thread = chunk * ATT_ROWS * end;
+    int64_t task_rows = n < ATT_ROWS ? n : ATT_ROWS; /* a step's one row needs one row's scores, not 8 */
+    int64_t tasks = n_kv * chunks * row_blocks, per_thread = chunk * task_rows * end;
     float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread));
-    float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * ATT_ROWS));
+    float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * task_rows));
     failed |= !score_room || !sum_room;
     for (int64_t l = 0; l < n_layers && !failed; l++) {
         const Layer *L = layers + l;
@@ -505,7 +506,7 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
 #pragma omp parallel num_threads(threads)
         {
             int me = omp_get_thread_num(); /* this thread's scores and sums, one task's at a time */
-            float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * ATT_ROWS;
+            float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * task_rows;
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tasks; t++) {
                 int64_t j = t / (chunks * row_blocks), c = t / row_blocks % chunks, r0 = t % row_blocks * ATT_ROWS;
