@@ -399,8 +399,9 @@ static inline __attribute__((always_inline)) void weigh_values(const float *sc1,
    sees positions 0..start+r) into att. Each block of keys and of values is read once
    for all these queries, not once per head and row: a 5-row verification of
    Qwen2.5-Coder-1.5B after 2,000 positions re-read each layer's 4 MB of keys and
-   values 30 times that way (docs/speed.md). Each query still sums its positions in
-   order, as one head of one row alone does, so the bits are unchanged. sc: room for
+   values 30 times that way (docs/speed.md). Each query sums its positions in order,
+   by the same steps whatever queries share its task, so a row's bits are those of
+   its one-token step (a verification stays lossless). sc: room for
    (h1 - h0) * (r1 - r0) rows of start + r1 scores; inv: for as many sums. */
 static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int64_t r0, int64_t r1,
                          int64_t h0, int64_t h1, const float *keys, const float *values, int64_t d, float scale,
