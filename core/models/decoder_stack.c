@@ -435,9 +435,9 @@ static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int
             }
             if (!live) break;
             const float *sc1 = sc + pick[0] * end, *sc2 = live > 1 ? sc + pick[1] * end : NULL;
-            if (lanes == 64 / VW)
+            if (d == 64)
                 weigh_values(sc1, sc2, values, b, stop[0], stop[1], 64 / VW, out[0], out[1]);
-            else if (lanes == 128 / VW)
+            else if (d == 128)
                 weigh_values(sc1, sc2, values, b, stop[0], stop[1], 128 / VW, out[0], out[1]);
             else
                 weigh_values(sc1, sc2, values, b, stop[0], stop[1], lanes, out[0], out[1]);

@@ -34,7 +34,7 @@ kernel call as the drafter's does (DecoderStack) instead of torch ops between
 products (~21 ms a token on an AVX2 CPU, docs/speed.md). The drafter's projections are rounded
 to 4 bits (fit), where only acceptance depends on the rounding.
 
-Each form (Q4: Q4_1's scale and offset per 32, fit's; Q4K; Q6) packs itself into
+Each form (Q4: Q4_1's scale and offset per 32, fit's; Q4K; Q6; Q8) packs itself into
 its kernel layout and names it by its GGML type (kind). Q4_K keeps the file's
 superblocks (fp16 d and dmin per 256 inputs, 6-bit sc and m per 32) rather than
 an fp16 scale per group: exact, 7.5% fewer bytes, one float step per 256 inputs
@@ -178,7 +178,8 @@ def unavailable() -> str | None:
 
 # The kernels' layouts, numbered as gguf.GGMLQuantizationType numbers the
 # quantization each holds (int4_gemm.h): Q4_1's form (4 bits in groups of 32 with
-# an fp16 scale and offset: fit's, and so the drafter's), Q4_K's and Q6_K's.
+# an fp16 scale and offset: fit's, and so the drafter's), Q4_K's, Q6_K's and
+# Q8_0's; Q5_0 is a file's type only, read into Q6_K's layout (read_q5_0).
 Q4_1 = 3
 Q5_0 = 6
 Q8_0 = 8
@@ -330,7 +331,7 @@ def fit_q4_k(weight: torch.Tensor) -> Q4K | None:
 
 
 def matches(weight: torch.Tensor, quantized: Q4 | Q4K | Q6 | Q8) -> bool:
-    """Whether the 4-bit or 6-bit tensor is the loaded weight (up to the bf16
+    """Whether the 4-, 6- or 8-bit tensor is the loaded weight (up to the bf16
     rounding of the loaded copy): a reader that finds a tensor stored in another
     order (a loader that permutes it, another architecture's layout) falls back to
     int8."""
@@ -548,7 +549,7 @@ def low_bit(linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6 | Q8) -> Int4Linea
 
 
 def join(layers: list[Int4Linear]):
-    """One product for several 4-bit layers of the same input and layout (a
+    """One product for several 4-, 6- or 8-bit layers of the same input and layout (a
     target's q/k/v, its gate/up): their packed weights laid end to end, each layer keeping a view
     of its part, so no second copy exists. Output channels are computed
     independently from the same int8 rows, so each part of the result is, bit for

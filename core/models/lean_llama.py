@@ -205,16 +205,16 @@ class LeanLlama:
         return module
 
     def _joined(self, *modules) -> Projection:
-        """The model's projections of one input side by side: each run of 4-bit (or 6-bit) ones
-        of one layout as one product (int4.join, sharing their weights), the others
-        called as they are."""
+        """The model's projections of one input side by side: each run of 4-, 6- or
+        8-bit ones of one layout as one product (int4.join, sharing their weights),
+        the others called as they are."""
         parts: list = []
         for m in modules:
-            four = isinstance(m, Int4Linear) and self.dtype == torch.float32
-            if four and parts and isinstance(parts[-1], list) and parts[-1][0].kind == m.kind:
+            kernel = isinstance(m, Int4Linear) and self.dtype == torch.float32
+            if kernel and parts and isinstance(parts[-1], list) and parts[-1][0].kind == m.kind:
                 parts[-1].append(m)
             else:
-                parts.append([m] if four else self._own(m))
+                parts.append([m] if kernel else self._own(m))
         parts = [(int4_join(p) if len(p) > 1 else p[0]) if isinstance(p, list) else p for p in parts]
         return parts[0] if len(parts) == 1 else _Joined(*parts)
 

@@ -122,8 +122,7 @@ def k_quant_reader(gguf: Path, stack: bool = False) -> FourBit:
         readers |= {int4.Q5_0: int4.read_q5_0, int4.Q8_0: int4.read_q8_0}
 
     def read(module_name: str, weight: torch.Tensor):
-        name = int4.gguf_name(module_name) or ""
-        tensor = tensors.get(name)
+        tensor = tensors.get(int4.gguf_name(module_name) or "")
         if tensor is None or tensor.ggml_type not in readers or len(tensor.dims) != 2:
             return None
         k, n = tensor.dims
