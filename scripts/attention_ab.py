@@ -1,10 +1,13 @@
 """The kernels at a git revision against the working tree's on a target's whole
-forward, at growing context lengths: ms a forward of 1 and 5 new rows after
---contexts random tokens (medians of --reps, the two builds interleaved), whether
-both builds give the same logits, and whether a 5-row block's logits are its rows'
-one-token steps' bit for bit (what keeps speculative decoding lossless).
+forward (or with --drafter the bundled drafter's), at growing context lengths: ms
+a forward of 1 and 5 new rows after --contexts random tokens (medians of --reps,
+the two builds interleaved), whether both builds give the same logits (or how far
+apart, where one keeps its cache in float32 and the other in fp16), and whether a
+5-row block's logits are its rows' one-token steps' bit for bit (what keeps
+speculative decoding lossless).
 
     PYTHONPATH=. .venv/bin/python scripts/attention_ab.py --against c7095f9~1
+    PYTHONPATH=. .venv/bin/python scripts/attention_ab.py --against HEAD~1 --drafter --contexts 200,1000,2000
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 import torch
 from kernel_ab import build, int4_at
 from omnidraft.core.models import int4
-from omnidraft.core.models.catalog import ModelCatalog
+from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
+from omnidraft.core.models.lean_llama import LeanLlama
 from omnidraft.core.models.loader import load
 
 SOURCES = ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py")
@@ -31,6 +35,7 @@ def main() -> None:
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--contexts", default="200,1000,2000")
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--drafter", action="store_true", help="the bundled drafter's forward, not the target's")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="kernels-"))
     for name in SOURCES:
@@ -38,12 +43,26 @@ def main() -> None:
                               text=True, check=True).stdout
         (folder / name).write_text(text)
     libs = {args.against: build(int4_at(folder), folder), "working tree": int4._library()}
-    net = load(ModelCatalog().get(args.target), torch.bfloat16, int8=True).runner.net
+    # Each build's cache: fp16 since the stack kept it so, float32 before.
+    fp16 = "uint16_t *kv" in (folder / "decoder_stack.c").read_text()
+    dtypes = {args.against: torch.float16 if fp16 else torch.float32, "working tree": torch.float16}
+    if args.drafter:
+        net = LeanLlama(load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
+                        max_len=8192)
+    else:
+        net = load(ModelCatalog().get(args.target), torch.bfloat16, int8=True).runner.net
     if net is None or net.stack is None:
-        raise SystemExit(f"{args.target} does not run as one decoder-stack call here")
+        raise SystemExit(f"{'the drafter' if args.drafter else args.target} does not run as one decoder-stack call here")
+    caches, using = {}, []
 
     def use(name: str) -> None:
+        """The build's kernels and its own cache (both hold the same positions)."""
         int4._library = lambda isa=None, lib=libs[name]: lib
+        if using:
+            caches[using.pop()] = net.kv
+        using.append(name)
+        net.kv_dtype = net.stack.kv_dtype = dtypes[name]
+        net.kv = caches.get(name, net.kv.to(dtypes[name]))
 
     contexts = [int(c) for c in args.contexts.split(",")]
     ids = torch.randint(100, 20000, (max(contexts) + 8,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -52,10 +71,16 @@ def main() -> None:
         use(name)
         net.reset()
         logits[name] = [net.forward(ids[:300])[0], net.forward(ids[300:305])[0], net.forward(ids[305:306])[0]]
-    print("same logits from both builds:", all(torch.equal(a, b) for a, b in zip(*logits.values())))
+    if len(set(dtypes.values())) == 1:
+        print("same logits from both builds:", all(torch.equal(a, b) for a, b in zip(*logits.values())))
+    else:
+        print("largest logit difference between the builds' caches (float32 and fp16):",
+              max(float((a - b).abs().max()) for a, b in zip(*logits.values())))
     for ctx in contexts:
-        net.reset()
-        net.forward(ids[:ctx], last=1)
+        for name in libs:  # each build's cache holds the context
+            use(name)
+            net.reset()
+            net.forward(ids[:ctx], last=1)
         times = {(name, n): [] for name in libs for n in (1, 5)}
         for _ in range(args.reps):
             for n in (1, 5):

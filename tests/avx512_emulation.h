@@ -74,6 +74,12 @@ E E512 e_cvtph_ps(__m256i h) {
     _mm256_storeu_ps(r.f + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
     return r;
 }
+E __m256i e_cvtps_ph(E512 a, int rounding) {
+    __m128i lo = _mm256_cvtps_ph(_mm256_loadu_ps(a.f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m128i hi = _mm256_cvtps_ph(_mm256_loadu_ps(a.f + 8), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    (void)rounding; /* the stack only rounds to nearest */
+    return _mm256_set_m128i(hi, lo);
+}
 E E512i e_cvtepu8_epi32(__m128i v) { uint8_t b[16]; _mm_storeu_si128((__m128i *)b, v); LANES(E512i, 16, r.i[i] = b[i]) }
 E E512i e_cvtepu8_epi16(__m256i v) { uint8_t b[32]; _mm256_storeu_si256((__m256i *)b, v); LANES(E512i, 32, r.h[i] = b[i]) }
 /* Within each 128-bit chunk c (floats 4c..4c+3), as the instructions do. __m512d is
@@ -138,6 +144,7 @@ E E512 e_cast(E512 a) { return a; }
 #define _mm512_reduce_add_epi32 e_reduce_add_epi32
 #define _mm512_cvtepi32_epi8 e_cvtepi32_epi8
 #define _mm512_cvtph_ps e_cvtph_ps
+#define _mm512_cvtps_ph e_cvtps_ph
 #define _mm512_cvtepu8_epi32 e_cvtepu8_epi32
 #define _mm512_cvtepu8_epi16 e_cvtepu8_epi16
 #define __AVX512F__ 1

@@ -14,7 +14,11 @@ Per layer, for the n new rows at positions start..start+n-1:
   x += att Wo^T;  h = rms_norm(x) * norm2;  gate, up = h Wgu^T;  x += (silu(gate) * up) Wd^T.
 x comes in as the embeddings and leaves as the last layer's residual stream (the
 final norm and LM head stay in torch). Cache layout [layer, 2, kv head, capacity,
-head_dim], as LeanLlama holds it; cos/sin [capacity, head_dim] from the model's
+head_dim], as LeanLlama holds it, in fp16: after thousands of positions the keys and
+values are what a step reads besides the weights (57 KB a position for
+Qwen2.5-1.5B in float32, 46 KB for the drafter, whose weights are 84 MB), and the
+ones written are the ones read, so a verified row still sees what its one-token
+step would (docs/speed.md); cos/sin [capacity, head_dim] from the model's
 own rotary embedding, so every RoPE variant comes out as the model computes it.
 A projection may come in parts side by side (a target whose file stores q and k
 in 4 bits and v in 6), each its own product into its columns.
@@ -80,6 +84,9 @@ static inline vec vload_tail(const float *p, vmask m) { return _mm512_maskz_load
 static inline void vstore_tail(float *p, vmask m, vec v) { _mm512_mask_storeu_ps(p, m, v); }
 static inline vec vselect(vmask m, vec a, vec b) { return _mm512_mask_blend_ps(m, b, a); } /* m ? a : b */
 static inline vec vhalf(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline void vstore_half(uint16_t *p, vec v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 static inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vexp2_times(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
 #else
@@ -116,6 +123,9 @@ static inline vec vload_tail(const float *p, vmask m) { return _mm256_maskload_p
 static inline void vstore_tail(float *p, vmask m, vec v) { _mm256_maskstore_ps(p, m, v); }
 static inline vec vselect(vmask m, vec a, vec b) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(m)); }
 static inline vec vhalf(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline void vstore_half(uint16_t *p, vec v) {
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 static inline vec vround(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vexp2_times(vec p, vec n) { /* n in -127..127: build 2^n from its exponent bits */
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
@@ -326,50 +336,48 @@ static float softmax_in_place(float *sc, int64_t seen) {
     return 1.0f / vsum(sum);
 }
 
-/* Scores of positions p0..p0+count-1 (count <= VW) for query q into sc, summed by
-   lane_sums. A whole block of VW keys runs VW independent chains of multiply-adds
-   side by side (d a constant where inlined, so each key is an offset from one
-   pointer); a short one (the row's last, where the cache may end) one position
-   after another. Either way a position's chain and sum are the same, so its score
-   does not depend on the positions beside it. */
-static inline __attribute__((always_inline)) void score_positions(const float *q, const float *keys, int64_t p0,
-                                                                  int64_t count, int64_t d, float scale, float *sc) {
+/* Scores of positions p0..p0+count-1 (count <= VW) for query q into sc[0..count),
+   summed by lane_sums; keys: position p0's. A whole block of VW keys runs VW
+   independent chains of multiply-adds side by side (d a constant where inlined, so
+   each key is an offset from one pointer); a short one (the row's last, where the
+   cache may end) one position after another. Either way a position's chain and sum
+   are the same, so its score does not depend on the positions beside it. */
+static inline __attribute__((always_inline)) void score_positions(const float *q, const float *keys, int64_t count,
+                                                                  int64_t d, float scale, float *sc) {
     vec acc[VW];
-    const float *base = keys + p0 * d;
     if (count == VW) {
         for (int j = 0; j < VW; j++) acc[j] = vzero();
         for (int64_t k = 0; k < d; k += VW) {
             vec qk = vload(q + k);
-            for (int j = 0; j < VW; j++) acc[j] = vfmadd(qk, vload(base + j * d + k), acc[j]);
+            for (int j = 0; j < VW; j++) acc[j] = vfmadd(qk, vload(keys + j * d + k), acc[j]);
         }
     } else {
         for (int j = 0; j < VW; j++) {
             acc[j] = vzero();
             if (j < count)
-                for (int64_t k = 0; k < d; k += VW) acc[j] = vfmadd(vload(q + k), vload(base + j * d + k), acc[j]);
+                for (int64_t k = 0; k < d; k += VW) acc[j] = vfmadd(vload(q + k), vload(keys + j * d + k), acc[j]);
         }
     }
-    vstore_tail(sc + p0, tail(count), vmul(lane_sums(acc), vset1(scale)));
+    vstore_tail(sc, tail(count), vmul(lane_sums(acc), vset1(scale)));
 }
 
-/* out1 += sc1[b..stop1) times their values, and out2 the same for sc2 (NULL: no
+/* out1 += sc1[0..stop1) times values 0..stop1-1, and out2 the same for sc2 (NULL: no
    second query): `lanes` vectors a value (a constant where inlined, so the sums stay
-   in registers); outs start at zero in the first block. Two queries side by side
-   share each value's loads and run twice the independent chains of multiply-adds
-   (a head of 64 has 4 a query, too few to hide their latency); each output lane
-   still sums its positions in order, so a query's bits do not depend on its
-   partner. */
+   in registers); outs start at zero where `first`. Two queries side by side share
+   each value's loads and run twice the independent chains of multiply-adds (a head
+   of 64 has 4 a query, too few to hide their latency); each output lane still sums
+   its positions in order, so a query's bits do not depend on its partner. */
 static inline __attribute__((always_inline)) void weigh_values(const float *sc1, const float *sc2,
-                                                               const float *values, int64_t b, int64_t stop1,
+                                                               const float *values, int first, int64_t stop1,
                                                                int64_t stop2, int64_t lanes, float *out1,
                                                                float *out2) {
     vec a1[MAX_HEAD_DIM / VW], a2[MAX_HEAD_DIM / VW];
-    int64_t both = sc2 ? (stop1 < stop2 ? stop1 : stop2) : b;
+    int64_t both = sc2 ? (stop1 < stop2 ? stop1 : stop2) : 0;
     for (int64_t l = 0; l < lanes; l++) {
-        a1[l] = b ? vload(out1 + l * VW) : vzero();
-        if (sc2) a2[l] = b ? vload(out2 + l * VW) : vzero();
+        a1[l] = first ? vzero() : vload(out1 + l * VW);
+        if (sc2) a2[l] = first ? vzero() : vload(out2 + l * VW);
     }
-    for (int64_t p = b; p < both; p++) {
+    for (int64_t p = 0; p < both; p++) {
         vec s1 = vset1(sc1[p]), s2 = vset1(sc2[p]);
         const float *v = values + p * lanes * VW;
         for (int64_t l = 0; l < lanes; l++) {
@@ -395,6 +403,14 @@ static inline __attribute__((always_inline)) void weigh_values(const float *sc1,
 #define ATT_BLOCK 32 /* positions whose keys (then values) stay in L1 while every query of a task reads them */
 #define ATT_ROWS 8   /* new rows a task takes at most (a verification's all; a prompt's in blocks) */
 
+/* Positions b..b+count-1 of an fp16 cache row (keys or values) widened into `wide`:
+   once a block for all the task's queries, not once a query (a 5-row verification
+   of Qwen2.5-1.5B has 30 queries a key/value head, and widening each load for each
+   made its attention slower than the float32 cache's). */
+static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t d, float *wide) {
+    for (int64_t i = 0; i < count * d; i += VW) vstore(wide + i, vhalf(cache + b * d + i));
+}
+
 /* Query heads h0..h1-1, which share one key/value head, for new rows r0..r1-1 (row r
    sees positions 0..start+r) into att. Each block of keys and of values is read once
    for all these queries, not once per head and row: a 5-row verification of
@@ -402,46 +418,52 @@ static inline __attribute__((always_inline)) void weigh_values(const float *sc1,
    values 30 times that way (docs/speed.md). Each query sums its positions in order,
    by the same steps whatever queries share its task, so a row's bits are those of
    its one-token step (a verification stays lossless). sc: room for
-   (h1 - h0) * (r1 - r0) rows of start + r1 scores; inv: for as many sums. */
+   (h1 - h0) * (r1 - r0) rows of start + r1 scores; inv: for as many sums; wide:
+   ATT_BLOCK * d floats. */
 static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int64_t r0, int64_t r1,
-                         int64_t h0, int64_t h1, const float *keys, const float *values, int64_t d, float scale,
-                         float *sc, float *inv, float *att, int64_t att_width) {
+                         int64_t h0, int64_t h1, const uint16_t *keys, const uint16_t *values, int64_t d,
+                         float scale, float *sc, float *inv, float *wide, float *att, int64_t att_width) {
     int64_t rows = r1 - r0, queries = (h1 - h0) * rows, end = start + r1, lanes = d / VW;
-    for (int64_t b = 0; b < end; b += ATT_BLOCK)
+    for (int64_t b = 0; b < end; b += ATT_BLOCK) {
+        widen_block(keys, b, b + ATT_BLOCK < end ? ATT_BLOCK : end - b, d, wide);
         for (int64_t i = 0; i < queries; i++) {
             int64_t r = r0 + i % rows, seen = start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
             const float *q = qkv + r * qkv_width + (h0 + i / rows) * d;
             for (int64_t p0 = b; p0 < stop; p0 += VW) {
                 int64_t count = stop - p0 < VW ? stop - p0 : VW;
+                const float *k = wide + (p0 - b) * d;
                 if (d == 64)
-                    score_positions(q, keys, p0, count, 64, scale, sc + i * end);
+                    score_positions(q, k, count, 64, scale, sc + i * end + p0);
                 else if (d == 128)
-                    score_positions(q, keys, p0, count, 128, scale, sc + i * end);
+                    score_positions(q, k, count, 128, scale, sc + i * end + p0);
                 else
-                    score_positions(q, keys, p0, count, d, scale, sc + i * end);
+                    score_positions(q, k, count, d, scale, sc + i * end + p0);
             }
         }
+    }
     for (int64_t i = 0; i < queries; i++) inv[i] = softmax_in_place(sc + i * end, start + r0 + i % rows + 1);
-    for (int64_t b = 0; b < end; b += ATT_BLOCK)
+    for (int64_t b = 0; b < end; b += ATT_BLOCK) {
+        widen_block(values, b, b + ATT_BLOCK < end ? ATT_BLOCK : end - b, d, wide);
         for (int64_t i = 0; i < queries;) {
-            int64_t pick[2], live = 0, stop[2] = {b, b};
+            int64_t pick[2], live = 0, stop[2] = {0, 0};
             float *out[2] = {NULL, NULL};
             for (; i < queries && live < 2; i++) { /* the next two queries that see block b */
                 int64_t r = r0 + i % rows, seen = start + r + 1;
                 if (b >= seen) continue;
-                stop[live] = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
+                stop[live] = (b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen) - b;
                 out[live] = att + r * att_width + (h0 + i / rows) * d;
                 pick[live++] = i;
             }
             if (!live) break;
-            const float *sc1 = sc + pick[0] * end, *sc2 = live > 1 ? sc + pick[1] * end : NULL;
+            const float *sc1 = sc + pick[0] * end + b, *sc2 = live > 1 ? sc + pick[1] * end + b : NULL;
             if (d == 64)
-                weigh_values(sc1, sc2, values, b, stop[0], stop[1], 64 / VW, out[0], out[1]);
+                weigh_values(sc1, sc2, wide, b == 0, stop[0], stop[1], 64 / VW, out[0], out[1]);
             else if (d == 128)
-                weigh_values(sc1, sc2, values, b, stop[0], stop[1], 128 / VW, out[0], out[1]);
+                weigh_values(sc1, sc2, wide, b == 0, stop[0], stop[1], 128 / VW, out[0], out[1]);
             else
-                weigh_values(sc1, sc2, values, b, stop[0], stop[1], lanes, out[0], out[1]);
+                weigh_values(sc1, sc2, wide, b == 0, stop[0], stop[1], lanes, out[0], out[1]);
         }
+    }
     for (int64_t i = 0; i < queries; i++) {
         float *out = att + (r0 + i % rows) * att_width + (h0 + i / rows) * d;
         for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, vmul(vload(out + l * VW), vset1(inv[i])));
@@ -465,7 +487,7 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
    products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
    computes a row the same way whatever rows run beside it, so a row's bits do not
    depend on the block it comes in (a verification's rows are a step's). */
-int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64_t n_layers, float *kv,
+int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64_t n_layers, uint16_t *kv,
                   int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
                   int64_t n_kv, int64_t d, int64_t inter, float eps, int threads) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
@@ -477,20 +499,22 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
     float *act = lines(sizeof(float) * (size_t)(n * inter));
     int failed = !h || !qkv || !att || !gu || !act || d > MAX_HEAD_DIM;
     float scale = 1.0f / sqrtf((float)d);
-    /* Attention's tasks: per key/value head, its query heads in chunks (enough tasks
-       for the threads: Qwen2.5-1.5B's 2 key/value heads of 6 each in chunks of 3,
-       SmolLM2's 3 of 3 in 2 and 1), and the rows in blocks of ATT_ROWS. */
-    int64_t chunks = (2 * threads + n_kv - 1) / n_kv;
+    /* Attention's tasks: per key/value head, its query heads in chunks, and the rows
+       in blocks of ATT_ROWS. Each task widens its key/value head's cache once, so as
+       few chunks as keep the threads evenly busy: Qwen2.5's 2 key/value heads whole
+       on 2 threads, SmolLM2's 3 of 3 in chunks of 2 and 1. */
+    int64_t chunks = n_kv % threads == 0 ? 1 : (2 * threads + n_kv - 1) / n_kv;
     if (chunks > group) chunks = group;
     int64_t chunk = (group + chunks - 1) / chunks, row_blocks = (n + ATT_ROWS - 1) / ATT_ROWS;
     int64_t task_rows = n < ATT_ROWS ? n : ATT_ROWS; /* a step's one row needs one row's scores, not 8 */
     int64_t tasks = n_kv * chunks * row_blocks, per_thread = chunk * task_rows * end;
     float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread));
     float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * task_rows));
-    failed |= !score_room || !sum_room;
+    float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
+    failed |= !score_room || !sum_room || !wide_room;
     for (int64_t l = 0; l < n_layers && !failed; l++) {
         const Layer *L = layers + l;
-        float *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
+        uint16_t *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
         if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, threads)) { failed = 1; break; }
@@ -499,22 +523,24 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
             float *row = qkv + r * qkv_width;
             const float *c = cos + (start + r) * d, *s = sin + (start + r) * d;
             for (int64_t hd = 0; hd < n_heads + n_kv; hd++) rope(row + hd * d, c, s, d);
-            for (int64_t j = 0; j < n_kv; j++) {
-                memcpy(keys + (j * capacity + start + r) * d, row + (n_heads + j) * d, sizeof(float) * d);
-                memcpy(values + (j * capacity + start + r) * d, row + (n_heads + n_kv + j) * d, sizeof(float) * d);
-            }
+            for (int64_t j = 0; j < n_kv; j++)
+                for (int64_t i = 0; i < d; i += VW) {
+                    vstore_half(keys + (j * capacity + start + r) * d + i, vload(row + (n_heads + j) * d + i));
+                    vstore_half(values + (j * capacity + start + r) * d + i, vload(row + (n_heads + n_kv + j) * d + i));
+                }
         }
 #pragma omp parallel num_threads(threads)
         {
             int me = omp_get_thread_num(); /* this thread's scores and sums, one task's at a time */
             float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * task_rows;
+            float *wide = wide_room + me * ATT_BLOCK * d;
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tasks; t++) {
                 int64_t j = t / (chunks * row_blocks), c = t / row_blocks % chunks, r0 = t % row_blocks * ATT_ROWS;
                 int64_t h0 = j * group + c * chunk, h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
                 if (h0 < h1)
                     attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
-                                 keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, att,
+                                 keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, wide, att,
                                  n_heads * d);
             }
         }
@@ -531,6 +557,6 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) add_row(x + r * hidden, h + r * hidden, hidden);
     }
-    free(h), free(qkv), free(att), free(gu), free(act), free(score_room), free(sum_room);
+    free(h), free(qkv), free(att), free(gu), free(act), free(score_room), free(sum_room), free(wide_room);
     return failed ? -1 : 0;
 }

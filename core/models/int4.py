@@ -610,6 +610,8 @@ class DecoderStack:
     learned adapter beside the weight: a [parts*r, in], b^T [r, out], both fp16,
     each part's end among the outputs). The tensors are used in place, not copied."""
 
+    kv_dtype = torch.float16  # the cache's (decoder_stack.c)
+
     def __init__(self, layers: list[tuple], n_heads: int, n_kv: int, head_dim: int, eps: float):
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self._keep = []  # the tensors the structs point into
@@ -647,13 +649,14 @@ class DecoderStack:
     def __call__(self, x: torch.Tensor, start: int, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """x [n, hidden] float32 (the embeddings of positions start..) becomes, in
         place, the last layer's residual stream; the new keys and values go into
-        kv [layers, 2, kv heads, capacity, head_dim] (float32, contiguous)."""
+        kv [layers, 2, kv heads, capacity, head_dim] (fp16, contiguous)."""
         lib = _library()
         if isinstance(lib, KernelUnavailable):
             raise lib
-        # The kernel reads raw float32 memory: anything else would be read as garbage.
-        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (x, kv, cos, sin)):
-            raise TypeError("the decoder stack takes contiguous float32 tensors")
+        # The kernel reads raw memory: any other dtype would be read as garbage.
+        if not all(t.dtype == torch.float32 and t.is_contiguous() for t in (x, cos, sin)) or \
+                kv.dtype != self.kv_dtype or not kv.is_contiguous():
+            raise TypeError("the decoder stack takes contiguous float32 tensors and an fp16 cache")
         if cos.shape[0] < kv.shape[3] or x.shape[1] != self.hidden:
             raise ValueError("the decoder stack got tensors of the wrong shape")
         if lib.decoder_stack(x.data_ptr(), x.shape[0], start, self._layers, len(self._layers), kv.data_ptr(),

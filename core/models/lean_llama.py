@@ -180,7 +180,11 @@ class LeanLlama:
         else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (docs/drafter.md)
             self.head = DraftLinear(self._w(head.weight), None, self.int8, self.int4)
         self.max_len = max_len
-        self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.dtype)
+        # The one-call stack keeps keys and values in fp16 (decoder_stack.c: half
+        # the bytes a long chat's step reads); the torch layers read the same
+        # cache, widened, so the two ways still compute alike.
+        self.kv_dtype = torch.float16 if self.stack is not None else self.dtype
+        self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.kv_dtype)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
         self.ids: list[int] = []  # the tokens whose keys/values the buffer holds, in order
         # Where the 4-bit kernel runs products of many rows on AMX tiles (bf16) and
@@ -319,7 +323,7 @@ class LeanLlama:
         if end <= capacity:
             return
         capacity = min(self.max_len, max(end, 2 * capacity, _KV_GROWTH))
-        kv = torch.zeros((*self.kv.shape[:3], capacity, self.head_dim), dtype=self.dtype)
+        kv = torch.zeros((*self.kv.shape[:3], capacity, self.head_dim), dtype=self.kv_dtype)
         kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
         self.kv = kv
         self.cos, self.sin = _rope_tables(self._inner, capacity, self.dtype)
@@ -341,6 +345,7 @@ class LeanLlama:
         already repeated per query head of a group (built once per forward)."""
         hq, n, d = q.shape
         hk = k.shape[0]
+        k, v = k.to(q.dtype), v.to(q.dtype)  # an fp16 cache (the stack's), widened
         group = hq // hk
         stacked = q.reshape(1, hk, group * n, d)
         out = F.scaled_dot_product_attention(stacked, k[None], v[None], attn_mask=mask)

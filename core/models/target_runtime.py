@@ -5,8 +5,9 @@ reply reuses as far as its prompt shares what the cache holds.
 Llama and Qwen2 targets run on core/models/lean_llama.py over the model's own
 (int8) linear layers: the same weights and products as transformers' forward,
 without its per-layer Python (docs/speed.md has the measured step times), with
-activations and the KV cache in float32, so a verified token's logits do not
-depend on how many tokens were verified beside it. Any other architecture
+float32 activations and the KV cache in fp16 where the layers run as one kernel
+call (float32 otherwise), each row computed on its own, so a verified token's
+logits do not depend on how many tokens were verified beside it. Any other architecture
 (Gemma 3's sliding windows, a user's model) runs on transformers' own forward
 and a DynamicCache (HeldCache), its attention row by row for a verification's
 few rows (ROWWISE), for the same reason.
