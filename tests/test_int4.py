@@ -372,6 +372,30 @@ def _fp16_cache(monkeypatch, model) -> None:
         layer.self_attn.v_proj.register_forward_hook(lambda module, args, out: out.half().float())
 
 
+def test_keys_beyond_fp16s_range_leave_the_logits_finite(qwen_tok, monkeypatch):
+    """The stack's fp16 cache saturates a key or value past 65504 instead of storing
+    an infinity, which would make every later score NaN; the torch layers saturate
+    alike, so the two ways still compute the same."""
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    model = tiny_qwen2(len(qwen_tok), seed=2)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.bias[3] = 1e6  # RoPE spreads it over its pair
+        model.model.layers[0].self_attn.v_proj.bias[5] = -1e6
+    quantize_int8(model, lambda name, w: int4.fit(w))
+    net = TargetRunner(model).net
+    assert net.stack is not None and net.kv.dtype == torch.float16
+    stack = net.stack
+    ways = []
+    for use_stack in (True, False):
+        net.stack = stack if use_stack else None
+        net.reset()
+        ways.append(torch.cat([net.forward(list(range(100, 120)))[0], net.forward([7])[0]]))
+        assert torch.isfinite(ways[-1]).all(), use_stack
+    torch.testing.assert_close(*ways, atol=5e-3, rtol=5e-3)
+
+
 def test_a_4_bit_lean_target_computes_what_transformers_computes_on_the_same_weights(qwen_tok, monkeypatch):
     from omnidraft.core.models.target_runtime import TargetRunner
 

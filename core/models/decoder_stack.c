@@ -262,6 +262,10 @@ static int project_parts(const Projection *parts, int count, const float *x, int
     return 0;
 }
 
+/* x clamped to fp16's finite range: a model whose keys or values outgrow it (Qwen2.5's
+   reach ~360) would otherwise store infinities and attend with NaNs. */
+static inline vec fp16_range(vec x) { return vmin(vmax(x, vset1(-65504.0f)), vset1(65504.0f)); }
+
 /* x * cos + rotate_half(x) * sin, in place, for one head's vector at one position. */
 static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     int64_t half = d / 2;
@@ -525,8 +529,9 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
             for (int64_t hd = 0; hd < n_heads + n_kv; hd++) rope(row + hd * d, c, s, d);
             for (int64_t j = 0; j < n_kv; j++)
                 for (int64_t i = 0; i < d; i += VW) {
-                    vstore_half(keys + (j * capacity + start + r) * d + i, vload(row + (n_heads + j) * d + i));
-                    vstore_half(values + (j * capacity + start + r) * d + i, vload(row + (n_heads + n_kv + j) * d + i));
+                    vstore_half(keys + (j * capacity + start + r) * d + i, fp16_range(vload(row + (n_heads + j) * d + i)));
+                    vstore_half(values + (j * capacity + start + r) * d + i,
+                                fp16_range(vload(row + (n_heads + n_kv + j) * d + i)));
                 }
         }
 #pragma omp parallel num_threads(threads)

@@ -328,6 +328,11 @@ class LeanLlama:
         self.kv = kv
         self.cos, self.sin = _rope_tables(self._inner, capacity, self.dtype)
 
+    def _storable(self, t: torch.Tensor) -> torch.Tensor:
+        """Keys or values as the cache can hold them: an fp16 cache saturates, as the
+        stack's does (decoder_stack.c's fp16_range), rather than store infinities."""
+        return t.clamp(-65504, 65504) if self.kv_dtype == torch.float16 else t
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
@@ -378,8 +383,8 @@ class LeanLlama:
             qk = self._rope(qk.view(n, hq + hk, d).transpose(0, 1), cos, sin)
             q, k = qk[:hq], qk[hq:]
             cache = self.kv[layer]
-            cache[0, :, start:end] = k
-            cache[1, :, start:end] = v.view(n, hk, d).transpose(0, 1)
+            cache[0, :, start:end] = self._storable(k)
+            cache[1, :, start:end] = self._storable(v.view(n, hk, d).transpose(0, 1))
             if 1 < n <= EXACT_ROWS:
                 att = torch.cat([self._attend(q[:, i : i + 1], cache[0, :, : start + i + 1],
                                               cache[1, :, : start + i + 1], None) for i in range(n)], dim=1)
