@@ -132,8 +132,10 @@ def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, pr
         assert (k - 1) * drafter_steps < drafted <= k * drafter_steps
 
 
-def test_the_drafter_heads_precision_and_a_shorter_drafter_change_no_token(tiny_target, prompts_file, tmp_path):
-    _drafting_variants(tiny_target, prompts_file, tmp_path, ["omnidraft-head4", "omnidraft-head8", "omnidraft-layers1"])
+def test_the_drafter_heads_precision_and_a_shorter_or_coarser_drafter_change_no_token(tiny_target, prompts_file,
+                                                                                     tmp_path):
+    _drafting_variants(tiny_target, prompts_file, tmp_path,
+                       ["omnidraft-head4", "omnidraft-head8", "omnidraft-layers1", "omnidraft-q4k"])
     assert runners.is_method("omnidraft-layers99") and not runners.is_method("omnidraft-layers0")
 
 

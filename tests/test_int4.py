@@ -505,7 +505,7 @@ def test_a_prompt_read_before_gives_a_4_bit_target_the_logits_a_fresh_read_gives
     assert torch.equal(got, TargetRunner(model).session().forward(prompt, last=1))
 
 
-@pytest.mark.parametrize("build", ["llama", "qwen2", "llama+adapter"])
+@pytest.mark.parametrize("build", ["llama", "qwen2", "llama+adapter", "llama+q4k"])
 def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_compute(build, qwen_tok):
     """The drafter's 4-bit layers run as one kernel call (int4.DecoderStack); the
     same layers as torch ops are the reference: a prompt, one-token steps, a
@@ -516,8 +516,9 @@ def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_comp
     from tests.tiny import tiny_llama
 
     model = tiny_llama(len(qwen_tok), seed=3) if build.startswith("llama") else tiny_qwen2(len(qwen_tok), seed=3)
-    net = LeanLlama(model, int8=True, int4=True, adapter=_adapter(model) if "adapter" in build else None)
-    assert net.stack is not None
+    layout = int4.Q4_K if "q4k" in build else int4.Q4_1  # the bench's omnidraft-q4k: the drafter on Q4_K's grid
+    net = LeanLlama(model, int8=True, int4=True, adapter=_adapter(model) if "adapter" in build else None, layout=layout)
+    assert net.stack is not None and net.head.kernel_weights[1] == layout
     stack = net.stack
 
     def run(use_stack: bool) -> torch.Tensor:

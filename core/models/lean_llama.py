@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
-from .int4 import Q4_1, DecoderStack, Int4Linear, q4_mm, runs_in_stack
+from .int4 import Q4_1, Q4_K, DecoderStack, Int4Linear, fit_q4_k, q4_mm, runs_in_stack
 from .int4 import amx_rows as int4_amx_rows
 from .int4 import fit as int4_fit
 from .int4 import join as int4_join
@@ -37,6 +37,9 @@ from .quantize import int8_mm, pack_int8
 
 ARCHITECTURES = ("llama", "qwen2")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+# The drafter's 4-bit forms: Q4_1 (SmolLM2's file, read back exactly) or Q4_K
+# (a coarser grid in fewer bytes; the bench's omnidraft-q4k).
+_FITS = {Q4_1: int4_fit, Q4_K: fit_q4_k}
 _KV_GROWTH = 256  # tokens the KV buffer grows by at least (it doubles up to max_len)
 # Rows per decoder-stack call: a long prompt goes in chunks, so the kernel's
 # buffers stay a few tens of MB (rows are independent: the same results).
@@ -79,9 +82,10 @@ class DraftLinear:
     lost (docs/learning.md); int8 and dense weights take it merged."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, int8: bool, int4: bool = False,
-                 low_rank: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+                 low_rank: list[tuple[torch.Tensor, torch.Tensor]] | None = None, layout: int = Q4_1):
         self.bias = bias
-        four = int4_fit(weight) if int8 and int4 else None
+        four = _FITS[layout](weight) if int8 and int4 else None
+        self.kind = layout
         if low_rank and four is None:
             weight = weight + torch.cat([b @ a for a, b in low_rank]).to(weight.dtype)
             low_rank = None
@@ -100,11 +104,11 @@ class DraftLinear:
     @property
     def kernel_weights(self) -> tuple[torch.Tensor, int] | None:
         """(packed weights, layout) for DecoderStack; None: not 4-bit."""
-        return None if self.packed4 is None else (self.packed4, Q4_1)
+        return None if self.packed4 is None else (self.packed4, self.kind)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed4 is not None:
-            y = q4_mm(x, self.packed4, self.out_features, Q4_1).to(x.dtype)
+            y = q4_mm(x, self.packed4, self.out_features, self.kind).to(x.dtype)
         elif self.packed is not None:
             y = int8_mm(x, self.packed).to(x.dtype)
         else:
@@ -142,6 +146,7 @@ class LeanLlama:
         adapter: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
         share: bool = False,
         int4: bool = False,
+        layout: int = Q4_1,
     ):
         """The drafter's runtime (see the module docstring); share=True is the
         target's (use LeanLlama.sharing). adapter: a target's learned change to
@@ -155,6 +160,7 @@ class LeanLlama:
         self.int8 = int8 and not share
         # int4: the drafter's projections in 4 bits where the kernel runs (else int8).
         self.int4 = self.int8 and int4 and int4_unavailable() is None
+        self.layout = layout  # the drafter's 4-bit form (_FITS)
         # An int8 drafter computes in float32 between its int8 products: the
         # kernel takes and returns float32, and casting to bf16 would only add ops.
         self.dtype = torch.float32 if self.int8 else dtype or next(hf_model.parameters()).dtype
@@ -178,7 +184,7 @@ class LeanLlama:
         if share:
             self.head: Projection = self._own(head)
         else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (docs/drafter.md)
-            self.head = DraftLinear(self._w(head.weight), None, self.int8, self.int4)
+            self.head = DraftLinear(self._w(head.weight), None, self.int8, self.int4, layout=self.layout)
         self.max_len = max_len
         # The one-call stack keeps keys and values in fp16 (decoder_stack.c: half
         # the bytes a long chat's step reads); the torch layers read the same
@@ -252,7 +258,7 @@ class LeanLlama:
                 rank = next(c for c in changes if c is not None)[0].shape[0]
                 low_rank = [c if c is not None else (torch.zeros(rank, w.shape[1]), torch.zeros(w.shape[0], rank))
                             for c, w in zip(changes, ws)]
-            return DraftLinear(torch.cat(ws), bias, self.int8, self.int4, low_rank)
+            return DraftLinear(torch.cat(ws), bias, self.int8, self.int4, low_rank, self.layout)
 
         return (norms[0], fused("q_proj", "k_proj", "v_proj"), fused("o_proj"),
                 norms[1], fused("gate_proj", "up_proj"), fused("down_proj"))
