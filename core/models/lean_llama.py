@@ -71,8 +71,9 @@ def supports(config) -> str | None:
 class DraftLinear:
     """y = x W^T (+ b) for the drafter: dense in its dtype, or (int8) through the
     same row-scaled int8 GEMM as the target (core/models/quantize.py), or (int4)
-    rounded to 4 bits through the target's 4-bit kernel (core/models/int4.py;
-    SmolLM2's file stores these layers as Q4_1 already), both flat in the rows:
+    rounded to 4 bits through the target's 4-bit kernel (core/models/int4.py) in
+    `layout`'s form (Q4_1: SmolLM2's file stores these layers so already; Q4_K
+    was measured and not taken, docs/drafter.md), both flat in the rows:
     the drafter's one-token steps and the few-token re-syncs after each
     verification cost about the same (docs/drafter.md).
 
