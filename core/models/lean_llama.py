@@ -190,7 +190,7 @@ class LeanLlama:
         # The one-call stack keeps keys and values in fp16 (decoder_stack.c: half
         # the bytes a long chat's step reads); the torch layers read the same
         # cache, widened, so the two ways still compute alike.
-        self.kv_dtype = torch.float16 if self.stack is not None else self.dtype
+        self.kv_dtype = self.stack.kv_dtype if self.stack is not None else self.dtype
         self.kv = torch.zeros((self._n_layers, 2, self.n_kv, 0, self.head_dim), dtype=self.kv_dtype)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
         self.ids: list[int] = []  # the tokens whose keys/values the buffer holds, in order
