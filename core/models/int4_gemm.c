@@ -137,6 +137,29 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m5
     }
 }
 
+/* d[r] += w times row r's inputs 4t..4t+3 (x: the first row's group as int32s, the
+   next row's `step` further on), a row at a time: consecutive VPDPBUSDs feed
+   different rows' sums and never wait on each other. With each row's eight in a
+   chain, as before, the multipliers waited on them: 10% of a prompt's products
+   on a Zen 4 (docs/speed.md). */
+static inline __attribute__((always_inline)) void dots_rows(__m512i *d, int rows, __m512i w, const int32_t *x,
+                                                            int64_t step, int t) {
+    for (int r = 0; r < rows; r++) d[r] = _mm512_dpbusd_epi32(d[r], w, _mm512_set1_epi32(x[r * step + t]));
+}
+
+/* d[r] = a group's nibbles (b: nibbles() order) times row r's 32 inputs, each
+   byte of nibbles unpacked as it is used. */
+static inline __attribute__((always_inline)) void nibble_dots(const uint8_t *b, __m512i *d, int rows, const int32_t *x,
+                                                               int64_t step) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int r = 0; r < rows; r++) d[r] = _mm512_setzero_si512();
+    for (int t = 0; t < 4; t++) {
+        __m512i v = _mm512_loadu_si512((const void *)(b + 64 * t));
+        dots_rows(d, rows, _mm512_and_si512(v, low), x, step, t);
+        dots_rows(d, rows, _mm512_and_si512(_mm512_srli_epi16(v, 4), low), x, step, t + 4);
+    }
+}
+
 /* A superblock's mins as int16 pairs per channel (group 2p's m, group 2p+1's m):
    VPMADDWD with a row's pair of group sums gives the channel's m * sum for both
    groups. */
@@ -159,15 +182,10 @@ static inline __attribute__((always_inline)) void q4k_column(
         for (int i = 0; i < count; i++) {
             const uint8_t *b = first + i * GROUP_BYTES;
             ahead(b, GROUP_BYTES);
-            __m512i w[8];
-            nibbles(b, w);
+            __m512i d[MAX_ROWS];
+            nibble_dots(b, d, rows, (const int32_t *)(xq + (g0 + i) * GROUP), k / 4);
             __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 256)));
-            for (int r = 0; r < rows; r++) {
-                const int32_t *xr = (const int32_t *)(xq + r * k + (g0 + i) * GROUP);
-                __m512i d = _mm512_setzero_si512();
-                for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
-                dots[r] = _mm512_add_epi32(dots[r], _mm512_mullo_epi32(d, sc));
-            }
+            for (int r = 0; r < rows; r++) dots[r] = _mm512_add_epi32(dots[r], _mm512_mullo_epi32(d[r], sc));
         }
         __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)head));
         __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(head + 32)));
@@ -196,15 +214,12 @@ static inline __attribute__((always_inline)) void q4_column(
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
         ahead(b, Q4_BLOCK_BYTES);
-        __m512i w[8];
-        nibbles(b, w);
+        __m512i d[MAX_ROWS];
+        nibble_dots(b, d, rows, (const int32_t *)(xq + g * GROUP), k / 4);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
         __m512 z = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 288)));
         for (int r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
-            __m512i d = _mm512_setzero_si512();
-            for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), s, acc[r]);
             acc[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(group_sum[r * stride + g]), acc[r]);
         }
     }
@@ -226,6 +241,21 @@ static inline __attribute__((always_inline)) void six_bits(const uint8_t *b, __m
     }
 }
 
+/* A Q6_K group's 16-input part s (inputs 16s..16s+15) as six_bits() has it in
+   w[4s..4s+3], register f at a time, into dots_rows(): unpacked as used, the
+   rows' sums and results stay in registers. */
+static inline __attribute__((always_inline)) void six_bit_dots(const uint8_t *b, int s, __m512i *d, int rows,
+                                                                const int32_t *x, int64_t step) {
+    const __m512i low = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
+    __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
+    for (int f = 0; f < 4; f++) {
+        __m512i v = _mm512_loadu_si512((const void *)(b + 64 * f));
+        __m512i q = _mm512_and_si512(s ? _mm512_srli_epi16(v, 4) : v, low);
+        __m512i h = f == 0 ? _mm512_slli_epi16(hb, 4) : f == 1 ? _mm512_slli_epi16(hb, 2) : f == 2 ? hb : _mm512_srli_epi16(hb, 2);
+        dots_rows(d, rows, _mm512_or_si512(q, _mm512_and_si512(h, pair)), x, step, 4 * s + f);
+    }
+}
+
 /* 6-bit: per 16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
 static inline __attribute__((always_inline)) void q6k_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *part_sum, int64_t stride,
@@ -235,18 +265,12 @@ static inline __attribute__((always_inline)) void q6k_column(
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
         ahead(b, Q6_BLOCK_BYTES);
-        __m512i w[8];
-        six_bits(b, w);
-        __m512 sc[2];
-        for (int s = 0; s < 2; s++) sc[s] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
-        for (int r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
-            for (int s = 0; s < 2; s++) {
-                __m512i d = _mm512_setzero_si512();
-                for (int f = 0; f < 4; f++) d = _mm512_dpbusd_epi32(d, w[4 * s + f], _mm512_set1_epi32(xr[4 * s + f]));
-                d = _mm512_sub_epi32(d, _mm512_set1_epi32(32 * (int32_t)part_sum[r * stride + 2 * g + s]));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc[s], acc[r]);
-            }
+        for (int s = 0; s < 2; s++) {
+            __m512i d[MAX_ROWS];
+            for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(-32 * (int32_t)part_sum[r * stride + 2 * g + s]);
+            six_bit_dots(b, s, d, rows, (const int32_t *)(xq + g * GROUP), k / 4);
+            __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
+            for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), sc, acc[r]);
         }
     }
     for (int r = 0; r < rows; r++)
@@ -262,15 +286,12 @@ static inline __attribute__((always_inline)) void q8_column(
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
         ahead(b, Q8_BLOCK_BYTES);
-        __m512i w[8];
-        for (int t = 0; t < 8; t++) w[t] = _mm512_loadu_si512((const void *)(b + 64 * t));
+        __m512i d[MAX_ROWS];
+        for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(-128 * (int32_t)group_sum[r * stride + g]);
+        for (int t = 0; t < 8; t++)
+            dots_rows(d, rows, _mm512_loadu_si512((const void *)(b + 64 * t)), (const int32_t *)(xq + g * GROUP), k / 4, t);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 512)));
-        for (int r = 0; r < rows; r++) {
-            const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
-            __m512i d = _mm512_set1_epi32(-128 * (int32_t)group_sum[r * stride + g]);
-            for (int t = 0; t < 8; t++) d = _mm512_dpbusd_epi32(d, w[t], _mm512_set1_epi32(xr[t]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), s, acc[r]);
-        }
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), s, acc[r]);
     }
     for (int r = 0; r < rows; r++)
         _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
