@@ -141,7 +141,7 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m5
    next row's `step` further on), a row at a time: consecutive VPDPBUSDs feed
    different rows' sums and never wait on each other. With each row's eight in a
    chain, as before, the multipliers waited on them: 10% of a prompt's products
-   on a Zen 4 (docs/speed.md). */
+   on a Zen 4 (docs/speed.md, "Rows in turn"). */
 static inline __attribute__((always_inline)) void dots_rows(__m512i *d, int rows, __m512i w, const int32_t *x,
                                                             int64_t step, int t) {
     for (int r = 0; r < rows; r++) d[r] = _mm512_dpbusd_epi32(d[r], w, _mm512_set1_epi32(x[r * step + t]));
