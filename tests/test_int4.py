@@ -482,6 +482,37 @@ def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_laye
     torch.testing.assert_close(net.forward(list(range(100, 150)))[0], reference, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("who", ["target", "drafter"])
+def test_a_read_that_needs_its_last_rows_only_gives_them_and_the_cache_bit_for_bit(who, qwen_tok, monkeypatch):
+    """The stack's last layer stops at the keys and values for rows whose output
+    no one reads (a prompt's but its last): the rows asked for, in 16-row calls
+    with them spanning three, and the steps after, are those of reading every row."""
+    from omnidraft.core.models import lean_llama
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(lean_llama, "_STACK_ROWS", 16)
+    _default_build(monkeypatch, _integer_isa())
+    if who == "target":
+        monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+        model = tiny_qwen2(len(qwen_tok), seed=6)
+        quantize_int8(model, _file_like)
+        net = TargetRunner(model).net
+    else:
+        from tests.tiny import tiny_llama
+
+        net = lean_llama.LeanLlama(tiny_llama(len(qwen_tok), seed=3), int8=True, int4=True)
+    assert net.stack is not None
+    prompt = list(range(100, 150))
+    for last in (1, 20):
+        net.reset()
+        every = net.forward(prompt)
+        after_every = net.forward([7, 8])
+        net.reset()
+        some = net.forward(prompt, last=last)
+        assert all(torch.equal(a[-last:], b) for a, b in zip(every, some, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(after_every, net.forward([7, 8]), strict=True))
+
+
 @pytest.mark.skipif(not int4.amx_rows(), reason="no AMX tiles here (CPU or OS)")
 def test_a_prompt_read_before_gives_a_4_bit_target_the_logits_a_fresh_read_gives(qwen_tok, monkeypatch):
     """On AMX a long prompt's rows run in bf16 and a short block's in integers, so

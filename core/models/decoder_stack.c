@@ -13,7 +13,9 @@ Per layer, for the n new rows at positions start..start+n-1:
   keys/values of the new positions into the cache; causal grouped-query attention;
   x += att Wo^T;  h = rms_norm(x) * norm2;  gate, up = h Wgu^T;  x += (silu(gate) * up) Wd^T.
 x comes in as the embeddings and leaves as the last layer's residual stream (the
-final norm and LM head stay in torch). Cache layout [layer, 2, kv head, capacity,
+final norm and LM head stay in torch) in its last `needed` rows; the last layer
+stops at the keys and values for the others, whose residual no one reads (a
+prompt's rows but its last: 1/28 of the 1.5B's prompt read). Cache layout [layer, 2, kv head, capacity,
 head_dim], as LeanLlama holds it, in fp16: after thousands of positions the keys and
 values are what a step reads besides the weights (57 KB a position for
 Qwen2.5-1.5B in float32, 46 KB for the drafter, whose weights are 84 MB), and the
@@ -491,7 +493,7 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
    products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
    computes a row the same way whatever rows run beside it, so a row's bits do not
    depend on the block it comes in (a verification's rows are a step's). */
-int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64_t n_layers, uint16_t *kv,
+int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers, uint16_t *kv,
                   int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
                   int64_t n_kv, int64_t d, int64_t inter, float eps, int threads) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
@@ -509,15 +511,19 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
        on 2 threads, SmolLM2's 3 of 3 in chunks of 2 and 1. */
     int64_t chunks = n_kv % threads == 0 ? 1 : (2 * threads + n_kv - 1) / n_kv;
     if (chunks > group) chunks = group;
-    int64_t chunk = (group + chunks - 1) / chunks, row_blocks = (n + ATT_ROWS - 1) / ATT_ROWS;
+    int64_t chunk = (group + chunks - 1) / chunks;
     int64_t task_rows = n < ATT_ROWS ? n : ATT_ROWS; /* a step's one row needs one row's scores, not 8 */
-    int64_t tasks = n_kv * chunks * row_blocks, per_thread = chunk * task_rows * end;
+    int64_t per_thread = chunk * task_rows * end;
     float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread));
     float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * task_rows));
     float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
     failed |= !score_room || !sum_room || !wide_room;
     for (int64_t l = 0; l < n_layers && !failed; l++) {
         const Layer *L = layers + l;
+        /* Rows from `first` on go past the cache: in the last layer only the `needed`
+           whose residual the caller reads (a prompt's last, for the LM head); the
+           others' keys and values are all later positions need of it. */
+        int64_t first = l == n_layers - 1 ? n - needed : 0, blocks = (n - first + ATT_ROWS - 1) / ATT_ROWS;
         uint16_t *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
@@ -540,8 +546,8 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
             float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * task_rows;
             float *wide = wide_room + me * ATT_BLOCK * d;
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < tasks; t++) {
-                int64_t j = t / (chunks * row_blocks), c = t / row_blocks % chunks, r0 = t % row_blocks * ATT_ROWS;
+            for (int64_t t = 0; t < n_kv * chunks * blocks; t++) {
+                int64_t j = t / (chunks * blocks), c = t / blocks % chunks, r0 = first + t % blocks * ATT_ROWS;
                 int64_t h0 = j * group + c * chunk, h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
                 if (h0 < h1)
                     attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
@@ -549,18 +555,21 @@ int decoder_stack(float *x, int64_t n, int64_t start, const Layer *layers, int64
                                  n_heads * d);
             }
         }
-        if (project(&L->o, att, n, n_heads * d, h, hidden, threads)) { failed = 1; break; }
+        int64_t m = n - first; /* rows [first, n) from here on */
+        if (m == 0) break;
+        float *xm = x + first * hidden, *hm = h + first * hidden;
+        if (project(&L->o, att + first * n_heads * d, m, n_heads * d, hm, hidden, threads)) { failed = 1; break; }
 #pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < n; r++) {
-            add_row(x + r * hidden, h + r * hidden, hidden);
-            rms_norm_row(x + r * hidden, L->norm2, eps, hidden, h + r * hidden);
+        for (int64_t r = 0; r < m; r++) {
+            add_row(xm + r * hidden, hm + r * hidden, hidden);
+            rms_norm_row(xm + r * hidden, L->norm2, eps, hidden, hm + r * hidden);
         }
-        if (project_parts(L->gate_up, 2, h, n, hidden, gu, 2 * inter, threads)) { failed = 1; break; }
+        if (project_parts(L->gate_up, 2, hm, m, hidden, gu, 2 * inter, threads)) { failed = 1; break; }
 #pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < n; r++) silu_mul(gu + r * 2 * inter, gu + r * 2 * inter + inter, inter, act + r * inter);
-        if (project(&L->down, act, n, inter, h, hidden, threads)) { failed = 1; break; }
+        for (int64_t r = 0; r < m; r++) silu_mul(gu + r * 2 * inter, gu + r * 2 * inter + inter, inter, act + r * inter);
+        if (project(&L->down, act, m, inter, hm, hidden, threads)) { failed = 1; break; }
 #pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < n; r++) add_row(x + r * hidden, h + r * hidden, hidden);
+        for (int64_t r = 0; r < m; r++) add_row(xm + r * hidden, hm + r * hidden, hidden);
     }
     free(h), free(qkv), free(att), free(gu), free(act), free(score_room), free(sum_room), free(wide_room);
     return failed ? -1 : 0;

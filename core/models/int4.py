@@ -149,7 +149,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.amx_rows.restype = ctypes.c_int
     lib.amx_rows.argtypes = []
     lib.decoder_stack.restype = ctypes.c_int
-    lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+    lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_float, ctypes.c_int]
     return lib
@@ -646,10 +646,12 @@ class DecoderStack:
         gate_up = layers[0][4] if isinstance(layers[0][4], list | tuple) else [layers[0][4]]
         self.inter = sum(p.out_features for p in gate_up) // 2
 
-    def __call__(self, x: torch.Tensor, start: int, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def __call__(self, x: torch.Tensor, start: int, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 needed: int | None = None) -> None:
         """x [n, hidden] float32 (the embeddings of positions start..) becomes, in
-        place, the last layer's residual stream; the new keys and values go into
-        kv [layers, 2, kv heads, capacity, head_dim] (fp16, contiguous)."""
+        place, the last layer's residual stream in its last `needed` rows (None: all;
+        the other rows are left partway); the new keys and values of every row go
+        into kv [layers, 2, kv heads, capacity, head_dim] (fp16, contiguous)."""
         lib = _library()
         if isinstance(lib, KernelUnavailable):
             raise lib
@@ -659,7 +661,8 @@ class DecoderStack:
             raise TypeError("the decoder stack takes contiguous float32 tensors and an fp16 cache")
         if cos.shape[0] < kv.shape[3] or x.shape[1] != self.hidden:
             raise ValueError("the decoder stack got tensors of the wrong shape")
-        if lib.decoder_stack(x.data_ptr(), x.shape[0], start, self._layers, len(self._layers), kv.data_ptr(),
+        n = x.shape[0]
+        if lib.decoder_stack(x.data_ptr(), n, n if needed is None else min(max(needed, 0), n), start, self._layers, len(self._layers), kv.data_ptr(),
                              kv.shape[3], cos.data_ptr(), sin.data_ptr(), self.hidden, self.n_heads, self.n_kv,
                              self.head_dim, self.inter, self.eps, torch.get_num_threads()):
             raise MemoryError("out of memory in the 4-bit decoder stack")

@@ -378,7 +378,10 @@ class LeanLlama:
         if self.stack is not None:
             x = x.contiguous()
             for first in range(0, n, _STACK_ROWS):
-                self.stack(x[first : first + _STACK_ROWS], start + first, self.kv, self.cos, self.sin)
+                rows = min(_STACK_ROWS, n - first)
+                # The rows whose output _finish reads; the rest need only their keys and values.
+                needed = rows if not last else rows - max(0, n - last - first)
+                self.stack(x[first : first + rows], start + first, self.kv, self.cos, self.sin, needed)
             return self._finish(x, new, last)
         mask = None
         if n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
