@@ -15,8 +15,8 @@ Per layer, for the n new rows at positions start..start+n-1:
 x comes in as the embeddings and leaves as the last layer's residual stream (the
 final norm and LM head stay in torch) in its last `needed` rows; the last layer
 stops at the keys and values for the others, whose residual no one reads (a
-prompt's rows but its last: 1/28 of the 1.5B's prompt read). Cache layout [layer, 2, kv head, capacity,
-head_dim], as LeanLlama holds it, in fp16: after thousands of positions the keys and
+prompt's rows but its last: 1/28 of the 1.5B's prompt read). Cache layout
+[layer, 2, kv head, capacity, head_dim], as LeanLlama holds it, in fp16: after thousands of positions the keys and
 values are what a step reads besides the weights (57 KB a position for
 Qwen2.5-1.5B in float32, 46 KB for the drafter, whose weights are 84 MB), and the
 ones written are the ones read, so a verified row still sees what its one-token
@@ -493,8 +493,8 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
    products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
    computes a row the same way whatever rows run beside it, so a row's bits do not
    depend on the block it comes in (a verification's rows are a step's). */
-int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers, uint16_t *kv,
-                  int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
+int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
+                  uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
                   int64_t n_kv, int64_t d, int64_t inter, float eps, int threads) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
     int split = n >= SPLIT_ROWS ? threads : 1;

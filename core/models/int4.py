@@ -662,7 +662,8 @@ class DecoderStack:
         if cos.shape[0] < kv.shape[3] or x.shape[1] != self.hidden:
             raise ValueError("the decoder stack got tensors of the wrong shape")
         n = x.shape[0]
-        if lib.decoder_stack(x.data_ptr(), n, n if needed is None else min(max(needed, 0), n), start, self._layers, len(self._layers), kv.data_ptr(),
+        needed = n if needed is None else min(max(needed, 0), n)
+        if lib.decoder_stack(x.data_ptr(), n, needed, start, self._layers, len(self._layers), kv.data_ptr(),
                              kv.shape[3], cos.data_ptr(), sin.data_ptr(), self.hidden, self.n_heads, self.n_kv,
                              self.head_dim, self.inter, self.eps, torch.get_num_threads()):
             raise MemoryError("out of memory in the 4-bit decoder stack")

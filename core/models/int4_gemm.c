@@ -251,7 +251,10 @@ static inline __attribute__((always_inline)) void six_bit_dots(const uint8_t *b,
     for (int f = 0; f < 4; f++) {
         __m512i v = _mm512_loadu_si512((const void *)(b + 64 * f));
         __m512i q = _mm512_and_si512(s ? _mm512_srli_epi16(v, 4) : v, low);
-        __m512i h = f == 0 ? _mm512_slli_epi16(hb, 4) : f == 1 ? _mm512_slli_epi16(hb, 2) : f == 2 ? hb : _mm512_srli_epi16(hb, 2);
+        __m512i h = f == 0 ? _mm512_slli_epi16(hb, 4)
+                    : f == 1 ? _mm512_slli_epi16(hb, 2)
+                    : f == 2 ? hb
+                             : _mm512_srli_epi16(hb, 2);
         dots_rows(d, rows, _mm512_or_si512(q, _mm512_and_si512(h, pair)), x, step, 4 * s + f);
     }
 }
