@@ -136,12 +136,18 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
                 raise SystemExit(f"the builds differ at {m} rows (max relative difference {error:.2e})")
 
 
-def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
-    """A prompt read by the drafter and the target, build by build, read by read."""
+def prompt_nets() -> dict:
+    """The bundled drafter's net and the Qwen2.5-Coder-1.5B target's, as a reply reads
+    a prompt with them."""
     catalog = ModelCatalog()
-    nets = {"drafter": LeanLlama(load(catalog.get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
+    return {"drafter": LeanLlama(load(catalog.get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
                                  max_len=1024),
             "target": load(catalog.get("qwen2.5-coder-1.5b-instruct"), torch.bfloat16, int8=True).runner.net}
+
+
+def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
+    """A prompt read by the drafter and the target, build by build, read by read."""
+    nets = prompt_nets()
     prompt = list(range(1000, 1000 + tokens))
     times = {(lib, net): [] for lib in libs for net in nets}
     with torch.no_grad():

@@ -15,10 +15,8 @@ import statistics
 import time
 
 import torch
+from kernel_ab import prompt_nets
 from omnidraft.core.models import int4
-from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
-from omnidraft.core.models.lean_llama import LeanLlama
-from omnidraft.core.models.loader import load
 
 
 def main() -> None:
@@ -26,10 +24,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200, help="prompt tokens")
     parser.add_argument("--reps", type=int, default=25)
     args = parser.parse_args()
-    catalog = ModelCatalog()
-    nets = {"drafter": LeanLlama(load(catalog.get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
-                                 max_len=1024),
-            "target": load(catalog.get("qwen2.5-coder-1.5b-instruct"), torch.bfloat16, int8=True).runner.net}
+    nets = prompt_nets()
     if any(net.stack is None for net in nets.values()):
         raise SystemExit("the decoder stack does not run here")
     call = int4.DecoderStack.__call__

@@ -92,12 +92,7 @@ def main() -> None:
     if args.avx512:
         avx512_rate(args)
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        source, binary = Path(tmp) / "rate.c", Path(tmp) / "rate"
-        source.write_text(SOURCE)
-        subprocess.run(["cc", "-O2", "-mavx2", str(source), "-o", str(binary)], check=True)
-        runs = [tuple(map(float, subprocess.run([str(binary)], capture_output=True, text=True,
-                                                check=True).stdout.split()[:2])) for _ in range(args.runs)]
+    runs = measured(SOURCE, ["-mavx2"], args.runs)
     ghz, rate = max(r[0] for r in runs), max(r[1] for r in runs)
     multiplies = QWEN_WEIGHTS / 512 * 18  # per row: 18 per 16 x 32 block
     print(f"clock ~{ghz:.2f} GHz (dependent adds), VPMADDUBSW {rate:.2f} a ns = {rate / ghz:.2f} a cycle "
@@ -106,13 +101,18 @@ def main() -> None:
           f"{multiplies / rate / args.threads / 1e6:.1f} ms of multiplies")
 
 
-def avx512_rate(args) -> None:
+def measured(source_text: str, flags: list[str], runs: int) -> list[list[float]]:
+    """The numbers a C program prints, compiled with flags and run `runs` times."""
     with tempfile.TemporaryDirectory() as tmp:
-        source, binary = Path(tmp) / "rate512.c", Path(tmp) / "rate512"
-        source.write_text(AVX512_SOURCE)
-        subprocess.run(["cc", "-O2", "-mavx512f", "-mavx512vnni", str(source), "-o", str(binary)], check=True)
-        runs = [list(map(float, subprocess.run([str(binary)], capture_output=True, text=True,
-                                               check=True).stdout.split())) for _ in range(args.runs)]
+        source, binary = Path(tmp) / "rate.c", Path(tmp) / "rate"
+        source.write_text(source_text)
+        subprocess.run(["cc", "-O2", *flags, str(source), "-o", str(binary)], check=True)
+        return [list(map(float, subprocess.run([str(binary)], capture_output=True, text=True,
+                                               check=True).stdout.split())) for _ in range(runs)]
+
+
+def avx512_rate(args) -> None:
+    runs = measured(AVX512_SOURCE, ["-mavx512f", "-mavx512vnni"], args.runs)
     best = [min(r[i] for r in runs) for i in range(len(AVX512_ROUNDS))]
     for name, ns in zip(AVX512_ROUNDS, best, strict=True):
         print(f"16 VPDPBUSD (512-bit) {name}: {ns:.2f} ns a round")

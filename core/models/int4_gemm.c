@@ -227,36 +227,31 @@ static inline __attribute__((always_inline)) void q4_column(
         _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
 }
 
-/* A Q6_K group's q (0..63) in the nibble registers' layout: each low nibble
-   completed by its high bit pair. */
-static inline __attribute__((always_inline)) void six_bits(const uint8_t *b, __m512i w[8]) {
-    const __m512i pair = _mm512_set1_epi8(0x30);
-    nibbles(b, w);
-    for (int s = 0; s < 2; s++) {
-        __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
-        w[4 * s] = _mm512_or_si512(w[4 * s], _mm512_and_si512(_mm512_slli_epi16(hb, 4), pair));
-        w[4 * s + 1] = _mm512_or_si512(w[4 * s + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), pair));
-        w[4 * s + 2] = _mm512_or_si512(w[4 * s + 2], _mm512_and_si512(hb, pair));
-        w[4 * s + 3] = _mm512_or_si512(w[4 * s + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), pair));
-    }
+/* Register 4s + f of a Q6_K group's q (0..63) in the nibble registers' layout: the
+   low nibble of byte chunk f (s = 0) or its high one (s = 1), completed by its
+   high bit pair from chunk s of the pairs. */
+static inline __attribute__((always_inline)) __m512i six_bit_register(const uint8_t *b, int s, int f) {
+    const __m512i low = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
+    __m512i v = _mm512_loadu_si512((const void *)(b + 64 * f));
+    __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
+    __m512i q = _mm512_and_si512(s ? _mm512_srli_epi16(v, 4) : v, low);
+    __m512i h = f == 0 ? _mm512_slli_epi16(hb, 4)
+                : f == 1 ? _mm512_slli_epi16(hb, 2)
+                : f == 2 ? hb
+                         : _mm512_srli_epi16(hb, 2);
+    return _mm512_or_si512(q, _mm512_and_si512(h, pair));
 }
 
-/* A Q6_K group's 16-input part s (inputs 16s..16s+15) as six_bits() has it in
-   w[4s..4s+3], register f at a time, into dots_rows(): unpacked as used, the
-   rows' sums and results stay in registers. */
+/* A Q6_K group's q, all 8 registers (as nibbles() lays out 4 bits). */
+static inline __attribute__((always_inline)) void six_bits(const uint8_t *b, __m512i w[8]) {
+    for (int t = 0; t < 8; t++) w[t] = six_bit_register(b, t / 4, t % 4);
+}
+
+/* A Q6_K group's 16-input part s (inputs 16s..16s+15) into dots_rows(), a register
+   at a time: unpacked as used, the rows' sums and results stay in registers. */
 static inline __attribute__((always_inline)) void six_bit_dots(const uint8_t *b, int s, __m512i *d, int rows,
                                                                 const int32_t *x, int64_t step) {
-    const __m512i low = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
-    __m512i hb = _mm512_loadu_si512((const void *)(b + 256 + 64 * s));
-    for (int f = 0; f < 4; f++) {
-        __m512i v = _mm512_loadu_si512((const void *)(b + 64 * f));
-        __m512i q = _mm512_and_si512(s ? _mm512_srli_epi16(v, 4) : v, low);
-        __m512i h = f == 0 ? _mm512_slli_epi16(hb, 4)
-                    : f == 1 ? _mm512_slli_epi16(hb, 2)
-                    : f == 2 ? hb
-                             : _mm512_srli_epi16(hb, 2);
-        dots_rows(d, rows, _mm512_or_si512(q, _mm512_and_si512(h, pair)), x, step, 4 * s + f);
-    }
+    for (int f = 0; f < 4; f++) dots_rows(d, rows, six_bit_register(b, s, f), x, step, 4 * s + f);
 }
 
 /* 6-bit: per 16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */

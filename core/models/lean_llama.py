@@ -338,7 +338,8 @@ class LeanLlama:
     def _storable(self, t: torch.Tensor) -> torch.Tensor:
         """Keys or values as the cache can hold them: an fp16 cache saturates, as the
         stack's does (decoder_stack.c's fp16_range), rather than store infinities."""
-        return t.clamp(-65504, 65504) if self.kv_dtype == torch.float16 else t
+        top = torch.finfo(torch.float16).max  # 65504
+        return t.clamp(-top, top) if self.kv_dtype == torch.float16 else t
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
