@@ -442,6 +442,80 @@ def _q5_file_like(name: str, w: torch.Tensor):
     return int4.fit6(w)
 
 
+def _storages(net) -> set[int]:
+    """Where the net's products' packed weights live: their storages' addresses
+    (the kernel's, and the views transformers' modules compute from)."""
+    found = set()
+    for p in net._placeable(net.layers, net.head):
+        found.add(p.kernel_weights[0].untyped_storage().data_ptr())
+        found.update(m._packed.untyped_storage().data_ptr() for m in getattr(p, "members", ()))
+    return found
+
+
+@pytest.mark.parametrize("who", ["target", "drafter"])
+def test_the_packed_weights_move_into_one_block_and_compute_the_same_bits(who, qwen_tok, monkeypatch):
+    """A net gathers its products' packed weights into one block (huge_pages): a
+    4-bit target's joined q/k/v and gate/up with their modules' views, its 6-bit
+    head; the drafter's layers, its head, and its layers again when an adapter
+    loads. The same logits bit for bit as the weights where they were made, for
+    a prompt, a step and a verification, and from transformers' own forward."""
+    from omnidraft.core.models import huge_pages
+    from omnidraft.core.models.lean_llama import LeanLlama
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    _default_build(monkeypatch, _integer_isa())
+
+    def build():
+        model = tiny_qwen2(len(qwen_tok), seed=7)
+        if who == "drafter":
+            return model, LeanLlama(model, int8=True, int4=True)
+        quantize_int8(model, _file_like)
+        return model, TargetRunner(model).net
+
+    def logits(model, net) -> torch.Tensor:
+        net.reset()
+        out = [net.forward(list(range(100, 140)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11])[0]]
+        if who == "target":
+            with torch.inference_mode():
+                out.append(model(torch.tensor([list(range(100, 120))])).logits[0])
+        return torch.cat(out)
+
+    real = huge_pages.gather
+    monkeypatch.setattr(huge_pages, "gather", lambda layers: None)
+    where_made = logits(*build())
+    monkeypatch.setattr(huge_pages, "gather", real)
+    model, net = build()
+    assert len(_storages(net)) == 1
+    assert torch.equal(logits(model, net), where_made)
+    if who == "drafter":
+        head = _storages(net)
+        net.set_adapter(_adapter(model))
+        net.set_adapter(None)
+        assert len(_storages(net) - head) == 1  # the layers in a block of their own, the head where it was
+        assert torch.equal(logits(model, net), where_made)
+
+
+def test_a_block_starts_on_a_2_mb_boundary_asked_for_on_huge_pages():
+    from omnidraft.core.models import huge_pages
+
+    room = huge_pages.block(3 << 20)
+    assert room.data_ptr() % huge_pages.HUGE == 0 and room.numel() == 3 << 20 and not room.any()
+    room[-1] = 7  # writable to its last byte
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("this kernel lends no huge pages")
+    address = room.data_ptr()
+    flags = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":
+            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+            inside = low <= address < high
+        elif line.startswith("VmFlags:") and inside:
+            flags = line.split()[1:]
+    assert flags is not None and "hg" in flags  # MADV_HUGEPAGE
+
+
 def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_layers_compute(qwen_tok, monkeypatch):
     """A Q4_K_M target's projections, 4-bit and 6-bit, run as one decoder-stack
     call (v in 6 bits beside 4-bit q and k: a projection in parts); its torch

@@ -518,6 +518,10 @@ class Int4Linear(torch.nn.Module):
         """(packed weights, layout): what DecoderStack runs."""
         return self._packed, self.kind
 
+    def place(self, packed: torch.Tensor) -> None:
+        """Run from packed, a copy of the weights (huge_pages.gather)."""
+        self._packed = packed
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = q4_mm(x.reshape(-1, self.in_features), self._packed, self.out_features, self.kind)
         if self.bias is not None:
@@ -566,16 +570,29 @@ def join(layers: list[Int4Linear]):
         [b.detach() if b is not None else torch.zeros(layer.out_features) for b, layer in zip(biases, layers)])
     if len({layer.kind for layer in layers}) > 1:
         raise ValueError("join takes layers of one layout")
-    return Joined(packed, layers[0].kind, layers[0].in_features, sum(layer.out_features for layer in layers), bias)
+    return Joined(packed, layers[0].kind, layers[0].in_features, sum(layer.out_features for layer in layers), bias,
+                  layers)
 
 
 class Joined:
-    """Several 4-bit layers of one input as one product (join)."""
+    """Several 4-bit layers of one input as one product (join); members: the layers,
+    each viewing its part of packed."""
 
     def __init__(self, packed: torch.Tensor, kind: int, in_features: int, out_features: int,
-                 bias: torch.Tensor | None):
+                 bias: torch.Tensor | None, members: list[Int4Linear] = ()):
         self.kernel_weights = packed, kind
         self.in_features, self.out_features, self.bias = in_features, out_features, bias
+        self.members = list(members)
+
+    def place(self, packed: torch.Tensor) -> None:
+        """Run from packed, a copy of the weights (huge_pages.gather); the members
+        view their parts of it."""
+        self.kernel_weights = packed, self.kernel_weights[1]
+        start = 0
+        for layer in self.members:
+            rows = layer._packed.shape[0]
+            layer.place(packed[start : start + rows])
+            start += rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         packed, kind = self.kernel_weights

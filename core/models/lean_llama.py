@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..stopping import ShouldStop, never
+from . import huge_pages
 from .int4 import Q4_1, Q4_K, DecoderStack, Int4Linear, fit_q4_k, q4_mm, runs_in_stack
 from .int4 import amx_rows as int4_amx_rows
 from .int4 import fit as int4_fit
@@ -107,6 +108,10 @@ class DraftLinear:
         """(packed weights, layout) for DecoderStack; None: not 4-bit."""
         return None if self.packed4 is None else (self.packed4, self.kind)
 
+    def place(self, packed: torch.Tensor) -> None:
+        """Run from packed, a copy of the 4-bit weights (huge_pages.gather)."""
+        self.packed4 = packed
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed4 is not None:
             y = q4_mm(x, self.packed4, self.out_features, self.kind).to(x.dtype)
@@ -179,13 +184,14 @@ class LeanLlama:
             table = self._w(inner.embed_tokens.weight)
             self.embed = lambda ids: table[ids]
         self.layers = [self._layer(i, adapter or {}) for i in range(self._n_layers)]
-        self.stack = self._stack()
         self.final_norm = self._w(inner.norm.weight)
         head = hf_model.get_output_embeddings()
         if share:
             self.head: Projection = self._own(head)
         else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (docs/drafter.md)
             self.head = DraftLinear(self._w(head.weight), None, self.int8, self.int4, layout=self.layout)
+        huge_pages.gather(self._placeable(self.layers, self.head))
+        self.stack = self._stack()
         self.max_len = max_len
         # The one-call stack keeps keys and values in fp16 (decoder_stack.c: half
         # the bytes a long chat's step reads); the torch layers read the same
@@ -276,10 +282,21 @@ class LeanLlama:
             if should_stop():
                 return False
             layers.append(self._layer(i, adapter or {}))
+        huge_pages.gather(self._placeable(layers))
         self.layers = layers
         self.stack = self._stack()
         self.reset()
         return True
+
+    @staticmethod
+    def _placeable(layers: list[tuple], head=None) -> list:
+        """The layers' (and head's) products whose packed weights can move onto 2 MB
+        pages, in the order a forward reads them."""
+        found = []
+        for projection in [p for layer in layers for p in layer] + [head]:
+            parts = projection.parts if isinstance(projection, _Joined) else [projection]
+            found += [p for p in parts if hasattr(p, "place") and p.kernel_weights is not None]
+        return found
 
     def _stack(self) -> DecoderStack | None:
         """The layers as one kernel call when every projection is 4-bit or 6-bit
@@ -330,7 +347,7 @@ class LeanLlama:
         if end <= capacity:
             return
         capacity = min(self.max_len, max(end, 2 * capacity, _KV_GROWTH))
-        kv = torch.zeros((*self.kv.shape[:3], capacity, self.head_dim), dtype=self.kv_dtype)
+        kv = huge_pages.zeros((*self.kv.shape[:3], capacity, self.head_dim), self.kv_dtype)
         kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
         self.kv = kv
         self.cos, self.sin = _rope_tables(self._inner, capacity, self.dtype)
