@@ -508,13 +508,37 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
    threads: a prompt's block (one fork a loop), not a step's few rows. */
 #define SPLIT_ROWS 16
 
+#ifdef STACK_PHASES
+/* Seconds each phase of the layers' loop took, summed over calls: what
+   scripts/stack_phases.py builds with -DSTACK_PHASES to show where a forward's time
+   goes. The shipped build compiles none of it. */
+static double phase_seconds[STACK_PHASES];
+void stack_phases(double *out, int reset) {
+    for (int i = 0; i < STACK_PHASES; i++) {
+        out[i] = phase_seconds[i];
+        if (reset) phase_seconds[i] = 0;
+    }
+}
+#define PHASE(i)                                                                                           \
+    do {                                                                                                   \
+        double now_ = omp_get_wtime();                                                                     \
+        phase_seconds[i] += now_ - then_;                                                                  \
+        then_ = now_;                                                                                      \
+    } while (0)
+#define PHASES_START double then_ = omp_get_wtime()
+#else
+#define PHASE(i)
+#define PHASES_START
+#endif
+
 /* Returns 0, or -1 when out of memory. hidden and the MLP width: multiples of 32 (the
    products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
    computes a row the same way whatever rows run beside it, so a row's bits do not
-   depend on the block it comes in (a verification's rows are a step's). */
+   depend on the block it comes in (a verification's rows are a step's). final_norm
+   (NULL: none): the weights of the norm the last `needed` rows then get in place. */
 int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
                   uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
-                  int64_t n_kv, int64_t d, int64_t inter, float eps, int threads) {
+                  int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm, int threads) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
     int split = n >= SPLIT_ROWS ? threads : 1;
     float *h = lines(sizeof(float) * (size_t)(n * hidden));
@@ -544,9 +568,12 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
            others' keys and values are all later positions need of it. */
         int64_t first = l == n_layers - 1 ? n - needed : 0, blocks = (n - first + ATT_ROWS - 1) / ATT_ROWS;
         uint16_t *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
+        PHASES_START;
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
+        PHASE(0);
         if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, threads)) { failed = 1; break; }
+        PHASE(1);
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < n; r++) {
             float *row = qkv + r * qkv_width;
@@ -559,6 +586,7 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                                 fp16_range(vload(row + (n_heads + n_kv + j) * d + i)));
                 }
         }
+        PHASE(2);
 #pragma omp parallel num_threads(threads)
         {
             int me = omp_get_thread_num(); /* this thread's scores and sums, one task's at a time */
@@ -574,22 +602,33 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                                  n_heads * d);
             }
         }
+        PHASE(3);
         int64_t m = n - first; /* rows [first, n) from here on */
         if (m == 0) break;
         float *xm = x + first * hidden, *hm = h + first * hidden;
         if (project(&L->o, att + first * n_heads * d, m, n_heads * d, hm, hidden, threads)) { failed = 1; break; }
+        PHASE(4);
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < m; r++) {
             add_row(xm + r * hidden, hm + r * hidden, hidden);
             rms_norm_row(xm + r * hidden, L->norm2, eps, hidden, hm + r * hidden);
         }
+        PHASE(5);
         if (project_parts(L->gate_up, 2, hm, m, hidden, gu, 2 * inter, threads)) { failed = 1; break; }
+        PHASE(6);
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < m; r++) silu_mul(gu + r * 2 * inter, gu + r * 2 * inter + inter, inter, act + r * inter);
+        PHASE(7);
         if (project(&L->down, act, m, inter, hm, hidden, threads)) { failed = 1; break; }
+        PHASE(8);
 #pragma omp parallel for num_threads(split) schedule(static)
         for (int64_t r = 0; r < m; r++) add_row(xm + r * hidden, hm + r * hidden, hidden);
+        PHASE(9);
     }
+    /* The model's final norm on the rows read, in place: as a torch op after the call it
+       cost a drafted token 0.2 ms, its code and data cold after the weights' stream. */
+    if (final_norm && !failed)
+        for (int64_t r = n - needed; r < n; r++) rms_norm_row(x + r * hidden, final_norm, eps, hidden, x + r * hidden);
     free(h), free(qkv), free(att), free(gu), free(act), free(score_room), free(sum_room), free(wide_room);
     return failed ? -1 : 0;
 }

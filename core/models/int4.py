@@ -151,7 +151,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.decoder_stack.restype = ctypes.c_int
     lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                  ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_float, ctypes.c_int]
+                                  ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 
@@ -625,11 +625,13 @@ class DecoderStack:
     gate_up of up to 2. Each part has .kernel_weights ((packed, layout), see
     Int4Linear: packed weights, layout), .bias (or None), .out_features and optionally .low_rank (a
     learned adapter beside the weight: a [parts*r, in], b^T [r, out], both fp16,
-    each part's end among the outputs). The tensors are used in place, not copied."""
+    each part's end among the outputs); final_norm: the model's, applied to the
+    rows read. The tensors are used in place, not copied."""
 
     kv_dtype = torch.float16  # the cache's (decoder_stack.c)
 
-    def __init__(self, layers: list[tuple], n_heads: int, n_kv: int, head_dim: int, eps: float):
+    def __init__(self, layers: list[tuple], n_heads: int, n_kv: int, head_dim: int, eps: float,
+                 final_norm: torch.Tensor | None = None):
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
         self._keep = []  # the tensors the structs point into
 
@@ -656,6 +658,7 @@ class DecoderStack:
                 raise ValueError(f"a projection in more than {most} parts")
             return (_Projection * most)(*map(projection, p))
 
+        self._final_norm = ptr(None if final_norm is None else final_norm.float())
         self._layers = (_Layer * len(layers))(*[
             _Layer(ptr(n1.float()), ptr(n2.float()), parts(qkv, 3), projection(o), parts(gu, 2), projection(down))
             for n1, qkv, o, n2, gu, down in layers])
@@ -667,8 +670,9 @@ class DecoderStack:
                  needed: int | None = None) -> None:
         """x [n, hidden] float32 (the embeddings of positions start..) becomes, in
         place, the last layer's residual stream in its last `needed` rows (None: all;
-        the other rows are left partway); the new keys and values of every row go
-        into kv [layers, 2, kv heads, capacity, head_dim] (fp16, contiguous)."""
+        the other rows are left partway), through the final norm where the stack was
+        given one; the new keys and values of every row go into kv [layers, 2, kv
+        heads, capacity, head_dim] (fp16, contiguous)."""
         lib = _library()
         if isinstance(lib, KernelUnavailable):
             raise lib
@@ -682,5 +686,5 @@ class DecoderStack:
         needed = n if needed is None else min(max(needed, 0), n)
         if lib.decoder_stack(x.data_ptr(), n, needed, start, self._layers, len(self._layers), kv.data_ptr(),
                              kv.shape[3], cos.data_ptr(), sin.data_ptr(), self.hidden, self.n_heads, self.n_kv,
-                             self.head_dim, self.inter, self.eps, torch.get_num_threads()):
+                             self.head_dim, self.inter, self.eps, self._final_norm, torch.get_num_threads()):
             raise MemoryError("out of memory in the 4-bit decoder stack")

@@ -312,7 +312,7 @@ class LeanLlama:
             return None  # more parts than the kernel's layer struct holds
         if not all(runs_in_stack(layer[i]) for layer in layers for i in (1, 2, 4, 5)):
             return None
-        return DecoderStack(layers, self.n_heads, self.n_kv, self.head_dim, self.eps)
+        return DecoderStack(layers, self.n_heads, self.n_kv, self.head_dim, self.eps, self.final_norm)
 
     @property
     def length(self) -> int:
@@ -400,7 +400,7 @@ class LeanLlama:
                 # The rows whose output _finish reads; the rest need only their keys and values.
                 needed = rows if not last else rows - max(0, n - last - first)
                 self.stack(x[first : first + rows], start + first, self.kv, self.cos, self.sin, needed)
-            return self._finish(x, new, last)
+            return self._finish(x, new, last, normed=True)
         mask = None
         if n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
@@ -423,11 +423,13 @@ class LeanLlama:
             x = x + down_proj(F.silu(gate) * up)
         return self._finish(x, new, last)
 
-    def _finish(self, x: torch.Tensor, new: list[int], last: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _finish(self, x: torch.Tensor, new: list[int], last: int, normed: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """normed: the stack gave the rows read through the final norm already."""
         self.ids += new
         if last:
             x = x[-last:]
-        h = self._norm(x, self.final_norm)
+        h = x if normed else self._norm(x, self.final_norm)
         return self.head(h), h
 
 
