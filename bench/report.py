@@ -69,11 +69,14 @@ def identical_share(a: list[Output], b: list[Output]) -> float:
 
 def ms_per_step(seconds: float, forwards: int, engine: dict | None) -> dict:
     """Wall ms per target forward and, for speculative decoding, its drafting and
-    verification parts: set beside the floor (target_streamed_bytes / bandwidth)."""
+    verification parts: set beside the floor (target_streamed_bytes / bandwidth).
+    draft_prompt_read: the part of draft that is the drafter's one read of each
+    reply's prompt, spread over the steps."""
     out = {"wall": 1000 * seconds / forwards if forwards else None}
     if engine and engine.get("proposed"):
         steps = max(engine["steps"], 1)
         out |= {"draft": 1000 * engine["draft_seconds"] / steps,
+                "draft_prompt_read": 1000 * engine.get("drafter_prompt_seconds", 0.0) / steps,
                 "verify": 1000 * engine["verify_seconds"] / steps}
     return out
 

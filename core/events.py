@@ -26,6 +26,9 @@ class TurnStats:
     lookup_proposed: int = 0
     lookup_accepted: int = 0
     draft_seconds: float = 0.0
+    # Of draft_seconds, the drafter's one read of the prompt: a cost of the reply
+    # (plain decoding has none), not of the steps it is spread over.
+    drafter_prompt_seconds: float = 0.0
     verify_seconds: float = 0.0
     # From the request to the first reply token picked: the prompt's read (prefill).
     # The rest of `seconds` is decoding proper, what drafting speeds up.

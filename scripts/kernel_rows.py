@@ -7,7 +7,8 @@ runnable one: `--isa avx512vnni` against `--isa amx`). Medians of --reps.
 With --layers N: the products of N Qwen2.5-1.5B-shaped layers (q/k/v, o, gate/up,
 down; 29 MB of 4-bit weights each, so 28 layers outgrow any CPU cache) for 1 to
 8 rows, the fastest of --reps passes: what a verification of that many tokens
-costs in weight streaming and products, without attention or the LM head.
+costs in weight streaming and products, without attention or the LM head (the
+weights in one block on 2 MB pages, as a model's are).
 
     PYTHONPATH=. .venv/bin/python scripts/kernel_rows.py
     PYTHONPATH=. .venv/bin/python scripts/kernel_rows.py --layers 28 --reps 6
@@ -20,7 +21,7 @@ import statistics
 import time
 
 import torch
-from omnidraft.core.models import int4
+from omnidraft.core.models import huge_pages, int4
 
 ROWS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256)
 STREAM_ROWS = (1, 2, 3, 4, 5, 8)
@@ -43,6 +44,13 @@ def stream(layers: int, reps: int, isa: str | None) -> None:
     g = torch.Generator().manual_seed(0)
     weights = [[(random_packed(n, k, g), k, n) for k, n in QWEN_LAYER] for _ in range(layers)]
     total = sum(p.numel() for layer in weights for p, _, _ in layer)
+    # In one block on 2 MB pages, as a model's weights are (core/models/huge_pages.py).
+    room, start = huge_pages.block(total + 64 * 4 * layers), 0
+    for layer in weights:
+        for i, (packed, k, n) in enumerate(layer):
+            copy = room[start : start + packed.numel()].view(packed.shape)
+            copy.copy_(packed)
+            layer[i], start = (copy, k, n), start + -(-packed.numel() // 64) * 64  # on cache lines
     print(f"kernel: {isa or int4.kernel_isa()}, {torch.get_num_threads()} threads, "
           f"{layers} layers, {total / 1e6:.0f} MB of 4-bit weights")
     for m in STREAM_ROWS:

@@ -33,7 +33,7 @@ class _MallInfo2(ctypes.Structure):
 def in_use_mib(libc) -> float:
     """Bytes malloc has handed out and not had back (heap and mmapped), in MiB,
     after the heap trim the worker does after each learner step."""
-    from omnidraft.core.worker.process import trim_heap
+    from omnidraft.core.heap import trim_heap
 
     gc.collect()
     trim_heap()

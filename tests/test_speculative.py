@@ -1,6 +1,8 @@
 """Speculative decoding: lossless greedy against plain decoding (float32, tiny
 random models with the two real tokenizers), sampling, cancellation."""
 
+import time
+
 import pytest
 import torch
 from omnidraft.core.decoding.sampling import GenerationConfig
@@ -176,7 +178,13 @@ def test_first_text_streams_before_the_drafter_reads_the_prompt(cross, gemma_tok
     budget): the drafter's own prompt pass comes after the first text."""
     target, drafter, bridge = cross
     started = []
-    monkeypatch.setattr(drafter, "start", lambda prefix, _orig=drafter.start: (started.append(1), _orig(prefix)))
+
+    def start(prefix, _orig=drafter.start):
+        started.append(1)
+        time.sleep(0.3)  # a slow prompt read, to find in the stats
+        _orig(prefix)
+
+    monkeypatch.setattr(drafter, "start", start)
     ids = gemma_tok(PROMPTS[1])["input_ids"]
     prefix = drafter.tokenizer(PROMPTS[1])["input_ids"]
     events = generate_speculative(TargetRunner(target), gemma_tok, drafter, bridge, ids, prefix,
@@ -185,6 +193,9 @@ def test_first_text_streams_before_the_drafter_reads_the_prompt(cross, gemma_tok
     assert first.text and not started
     rest = list(events)
     assert started and isinstance(rest[-1], TurnFinished) and rest[-1].stats.proposed > 0
+    # The read is drafting time, told apart: a cost of the reply, not of its steps.
+    stats = rest[-1].stats
+    assert 0.3 <= stats.drafter_prompt_seconds < stats.draft_seconds
 
 
 def test_drafting_after_accepted_whitespace_re_drafts_it(smol_tok):

@@ -237,6 +237,7 @@ def _count_step(stats: TurnStats, proposals: Proposals, n: int, draft_s: float, 
     stats.accepted += n
     stats.ngram_hits += proposals.ngram_hits
     stats.draft_seconds += draft_s
+    stats.drafter_prompt_seconds += proposals.setup_seconds
     stats.verify_seconds += verify_s
     if proposals.source != DRAFTER:
         stats.lookup_steps += 1

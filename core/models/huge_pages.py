@@ -9,18 +9,19 @@ asks (madvise MADV_HUGEPAGE; "madvise" is the common default of
 /sys/kernel/mm/transparent_hugepage/enabled), but torch's allocator does not ask
 for tensors under 2 MB, and the drafter's 121 products are 0.2-1.1 MB each.
 Gathered into one 2 MB-aligned block, a drafter forward right after a target
-step ran 12% faster and the target's one-token step 8% (docs/speed.md, "2 MB
+step ran 12% faster and the target's one-token step 9% (docs/speed.md, "2 MB
 pages"). Elsewhere (another OS, THP off) the same blocks are ordinary memory.
 """
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 from collections.abc import Iterable
 from typing import Protocol
 
 import torch
+
+from ..heap import trim_heap
 
 HUGE = 2 << 20  # bytes in a huge page (x86-64 and most arm64 kernels)
 _LINE = 64  # each tensor starts on a cache line, as torch's allocator starts them
@@ -76,14 +77,4 @@ def gather(layers: Iterable[Placeable]) -> None:
         copy.copy_(packed)
         layer.place(copy)
         start += size
-    _trim()
-
-
-def _trim() -> None:
-    """Hand the C heap's free pages back to the OS. The weights just moved out of
-    glibc's heap stay in the process's resident memory otherwise: the 1.5B target
-    held 3.4 GB after loading instead of 2.1 GB (no-op without glibc)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim_heap()  # the old copies' pages, freed, go back to the OS

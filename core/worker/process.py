@@ -26,13 +26,11 @@ are imported only inside the worker, never at module level.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import itertools
 import multiprocessing as mp
 import os
 import queue
-import sys
 import time
 import traceback
 from collections import deque
@@ -41,6 +39,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ..engine_api import EngineAPI
+from ..heap import trim_heap
 from ..stopping import ShouldStop
 from ..storage.paths import HOME_ENV
 from ..storage.settings import Settings
@@ -609,24 +608,3 @@ class WorkerHandle:
                 q.cancel_join_thread()
                 q.close()
         self._requests = self._events = None
-
-
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl): nothing to trim
-        return None
-
-
-_LIBC = _libc()
-
-
-def trim_heap() -> None:
-    """Give the memory a learner step freed back to the OS. glibc keeps freed
-    blocks for reuse, and each batch's activations come in other sizes, so
-    without this the worker's RSS crept up turn after turn with learning on
-    (scripts/memory_soak.py)."""
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
