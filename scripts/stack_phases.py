@@ -9,6 +9,7 @@ It builds the kernels with -DSTACK_PHASES (decoder_stack.c then sums each phase'
 seconds; the shipped build compiles none of that) and times --reps forwards.
 
     PYTHONPATH=. .venv/bin/python scripts/stack_phases.py --context 200 --rows 1,4
+    PYTHONPATH=. .venv/bin/python scripts/stack_phases.py --context 200 --prompt
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--rows", default="1,4", help="the target's new rows a forward")
     ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--prompt", action="store_true",
+                    help="also each net's read of a --context-token prompt (ms a prompt token)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     int4._FLAGS = [*int4._FLAGS, f"-DSTACK_PHASES={len(PHASES)}"]
@@ -74,14 +77,15 @@ def main() -> None:
     context = list(range(1000, 1000 + args.context))
     end = len(context)
 
-    def forward(timed: Timed, ids: list[int], before=None):
+    def forward(timed: Timed, ids: list[int], before=None, keep: int = end, last: int = 0):
         def run(zero_phases) -> tuple[float, dict]:
             if before:
                 before()
+            timed.net.rollback(keep)
             zero_phases()  # what came before is not this forward's
             timed.seconds = dict.fromkeys(timed.seconds, 0.0)
             start = time.perf_counter()
-            timed.net.forward(ids)
+            timed.net.forward(ids, last=last)
             took = time.perf_counter() - start
             timed.net.rollback(end)
             return took, timed.seconds
@@ -100,6 +104,10 @@ def main() -> None:
         for n in (int(r) for r in args.rows.split(",")):
             rows[f"target, {n} row{'s' * (n > 1)}"] = measure(
                 lib, target, forward(target, list(range(5, 5 + n))), max(10, args.reps // 4))
+        if args.prompt:  # ms a prompt token: a read's phases divided by its tokens
+            for label, timed in (("drafter", drafter), ("target", target)):
+                ms = measure(lib, timed, forward(timed, context, keep=0, last=1), max(3, args.reps // 20))
+                rows[f"{label}, prompt read, a token"] = [v / len(context) for v in ms]
     print(f"ms a forward after {args.context} tokens of context (the kernels built with -DSTACK_PHASES)")
     names = [*PHASES, "LM head", "the rest", "whole"]
     print(f"{'':<30}" + "".join(f"{name:>11}" for name in names))

@@ -417,6 +417,21 @@ static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t
     for (int64_t i = 0; i < count * d; i += VW) vstore(wide + i, vhalf(cache + b * d + i));
 }
 
+/* Block s of a task's stream of keys then values (s < 2 * blocks), asked for before
+   use: the cache comes from memory after a forward's weights have flushed it, and a
+   step's few queries compute too little per block to hide a load's latency, so
+   widening the blocks as they came took over half of attend_group's samples (perf
+   annotate; a drafted token 6.3 -> 5.6 ms after 2,000 positions, docs/speed.md). */
+static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t blocks, int64_t end,
+                             int64_t d) {
+    if (s >= 2 * blocks) return;
+    const uint16_t *cache = s < blocks ? keys : values;
+    int64_t b = (s < blocks ? s : s - blocks) * ATT_BLOCK, stop = (b + ATT_BLOCK < end ? b + ATT_BLOCK : end) * d;
+    for (int64_t i = b * d; i < stop; i += 32) _mm_prefetch((const char *)(cache + i), _MM_HINT_T0); /* a line */
+}
+
+#define ATT_AHEAD 2 /* blocks asked for ahead of the one widened */
+
 /* Query heads h0..h1-1, which share one key/value head, for new rows r0..r1-1 (row r
    sees positions 0..start+r) into att. Each block of keys and of values is read once
    for all these queries, not once per head and row: a 5-row verification of
@@ -426,21 +441,6 @@ static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t
    its one-token step (a verification stays lossless). sc: room for
    (h1 - h0) * (r1 - r0) rows of start + r1 scores; inv: for as many sums; wide:
    ATT_BLOCK * d floats. */
-/* Block s of a task's stream of keys then values (s < 2 * blocks), asked for before
-   use: the cache comes from memory after a forward's weights have flushed it, and a
-   step's few queries compute too little per block to hide a load's latency, so
-   widening the blocks as they came took over half of attention's time (perf; a
-   drafter forward spent 0.4 of its 2.6 ms in attention after 200 positions). */
-static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t blocks, int64_t end,
-                             int64_t d) {
-    if (s >= 2 * blocks) return;
-    const uint16_t *cache = s < blocks ? keys : values;
-    int64_t b = (s < blocks ? s : s - blocks) * ATT_BLOCK, stop = (b + ATT_BLOCK < end ? b + ATT_BLOCK : end) * d;
-    for (int64_t i = b * d; i < stop; i += 32) _mm_prefetch((const char *)(cache + i), _MM_HINT_T0);
-}
-
-#define ATT_AHEAD 2 /* blocks asked for ahead of the one widened */
-
 static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int64_t r0, int64_t r1,
                          int64_t h0, int64_t h1, const uint16_t *keys, const uint16_t *values, int64_t d,
                          float scale, float *sc, float *inv, float *wide, float *att, int64_t att_width) {
