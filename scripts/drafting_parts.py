@@ -20,12 +20,14 @@ draft policy (lookup or drafter, prices, calibration) is the same for all four.
 
     .venv/bin/python scripts/drafting_parts.py --state-dir /tmp/adapt7-state --limit 12 \
         --json docs/results/drafting-parts-qwen15.json
+    .venv/bin/python scripts/drafting_parts.py --limit 40 --reps 1   # the untrained engine: 'none' only
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -89,7 +91,8 @@ def run(engine: Engine, prompts: list[dict], max_new_tokens: int, parts: Counter
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--state-dir", type=Path, required=True, help="an adapt run's state: the adapter and head")
+    ap.add_argument("--state-dir", type=Path, default=None,
+                    help="an adapt run's state: the adapter and head (none: the untrained engine, way 'none' only)")
     ap.add_argument("--prompts", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -101,26 +104,30 @@ def main() -> int:
     parts: Counter = Counter()
     timed(parts)
     prompts = read_prompts(args.prompts, args.limit)
-    with bench_home(args.state_dir):
+    untrained = args.state_dir is None
+    ways = {"none": WAYS["none"]} if untrained else WAYS
+    with bench_home(Path(tempfile.mkdtemp()) if untrained else args.state_dir):
         engine = Engine()
         engine.load_target(args.target)
         engine.evaluating = True  # nothing here teaches the engine
-        if not engine.adapters.has_saved(args.target) or engine.drafter.head is None or not engine.drafter.head.ready:
+        trained = engine.adapters.has_saved(args.target) and engine.drafter.head is not None and engine.drafter.head.ready
+        if not untrained and not trained:
             print(f"{args.state_dir} holds no trained adapter and head for {args.target}", file=sys.stderr)
             return 2
-        adapter = engine.adapters.low_rank_state(args.target)
+        adapter = None if untrained else engine.adapters.low_rank_state(args.target)
         head = engine.drafter.head
         run(engine, prompts[:1], 8, parts)  # warm-up: first calls' one-off costs
-        runs: dict[str, list[dict]] = {way: [] for way in WAYS}
+        runs: dict[str, list[dict]] = {way: [] for way in ways}
         for rep in range(args.reps):
-            for way, (with_adapter, with_head) in WAYS.items():
+            for way, (with_adapter, with_head) in ways.items():
                 engine.drafter.load_adapter(adapter if with_adapter else None)
                 engine.drafter.head = head if with_head else None
                 runs[way].append(run(engine, prompts, args.max_new_tokens, parts))
                 print(f"rep {rep + 1} {way}: " + ", ".join(f"{k} {v:.3g}" for k, v in runs[way][-1].items()),
                       file=sys.stderr, flush=True)
     report = {"target": args.target, "state_dir": str(args.state_dir), "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "adapter_rank": next(iter(adapter.values()))[0].shape[0],
+              "max_new_tokens": args.max_new_tokens,
+              "adapter_rank": next(iter(adapter.values()))[0].shape[0] if adapter else None,
               "runs": runs,
               "mean": {way: {k: sum(r[k] for r in rs) / len(rs) for k in rs[0]} for way, rs in runs.items()}}
     emit(report, args.json)

@@ -67,7 +67,7 @@ def gather(layers: Iterable[Placeable]) -> None:
     moving = [layer for layer in layers if layer.kernel_weights is not None]
     sizes = [-(-layer.kernel_weights[0].numel() // _LINE) * _LINE for layer in moving]
     room = block(sum(sizes))
-    room.fill_(0)  # the pages faulted in by a parallel fill: copies into untouched pages ran 2-4x slower
+    room.fill_(0)  # the pages faulted in by a parallel fill: a copy into untouched pages ran slower
     start = 0
     for layer, size in zip(moving, sizes):
         packed = layer.kernel_weights[0]
