@@ -76,7 +76,7 @@ def ms_per_step(seconds: float, forwards: int, engine: dict | None) -> dict:
     if engine and engine.get("proposed"):
         steps = max(engine["steps"], 1)
         out |= {"draft": 1000 * engine["draft_seconds"] / steps,
-                "draft_prompt_read": 1000 * engine.get("drafter_prompt_seconds", 0.0) / steps,
+                "draft_prompt_read": 1000 * engine["drafter_prompt_seconds"] / steps,
                 "verify": 1000 * engine["verify_seconds"] / steps}
     return out
 

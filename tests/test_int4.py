@@ -508,8 +508,9 @@ def test_a_block_starts_on_a_2_mb_boundary_asked_for_on_huge_pages():
     address = room.data_ptr()
     flags = None
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1].isdigit() or line[:1] in "abcdef":
-            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+        head = line.split()[0]
+        if not head.endswith(":"):  # a mapping's first line: its address range, low-high
+            low, high = (int(x, 16) for x in head.split("-"))
             inside = low <= address < high
         elif line.startswith("VmFlags:") and inside:
             flags = line.split()[1:]

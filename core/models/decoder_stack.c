@@ -12,12 +12,12 @@ Per layer, for the n new rows at positions start..start+n-1:
   h = rms_norm(x) * norm1;  q, k, v = h Wqkv^T (+ b);  RoPE on q and k;
   keys/values of the new positions into the cache; causal grouped-query attention;
   x += att Wo^T;  h = rms_norm(x) * norm2;  gate, up = h Wgu^T;  x += (silu(gate) * up) Wd^T.
-x comes in as the embeddings and leaves as the last layer's residual stream (the
-final norm and LM head stay in torch) in its last `needed` rows; the last layer
-stops at the keys and values for the others, whose residual no one reads (a
-prompt's rows but its last: 1/28 of the 1.5B's prompt read). Cache layout
-[layer, 2, kv head, capacity, head_dim], as LeanLlama holds it, in fp16: after thousands of positions the keys and
-values are what a step reads besides the weights (57 KB a position for
+x comes in as the embeddings and leaves as the last layer's residual stream, through
+the final norm where one is given (the LM head stays in torch), in its last `needed`
+rows; the last layer stops at the keys and values for the others, whose residual no
+one reads (a prompt's rows but its last: 1/28 of the 1.5B's prompt read). Cache
+layout [layer, 2, kv head, capacity, head_dim], as LeanLlama holds it, in fp16: after
+thousands of positions the keys and values are what a step reads besides the weights (57 KB a position for
 Qwen2.5-1.5B in float32, 46 KB for the drafter, whose weights are 84 MB), and the
 ones written are the ones read, so a verified row still sees what its one-token
 step would (docs/speed.md); cos/sin [capacity, head_dim] from the model's

@@ -15,6 +15,7 @@ pages"). Elsewhere (another OS, THP off) the same blocks are ordinary memory.
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections.abc import Iterable
 from typing import Protocol
@@ -54,10 +55,7 @@ def block(nbytes: int) -> torch.Tensor:
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """torch.zeros(shape, dtype=dtype) on 2 MB pages (a KV cache)."""
-    count = 1
-    for size in shape:
-        count *= size
-    return block(count * dtype.itemsize).view(dtype).view(shape)
+    return block(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
 
 
 def gather(layers: Iterable[Placeable]) -> None:
