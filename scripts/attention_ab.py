@@ -1,6 +1,6 @@
 """The kernels at a git revision against the working tree's on a target's whole
 forward (or with --drafter the bundled drafter's), at growing context lengths: ms
-a forward of 1 and 5 new rows after --contexts random tokens (medians of --reps,
+a forward of --rows new rows (1 and 5) after --contexts random tokens (medians of --reps,
 the two builds interleaved), whether both builds give the same logits (or how far
 apart, where one keeps its cache in float32 and the other in fp16), and whether a
 5-row block's logits are its rows' one-token steps' bit for bit (what keeps
@@ -36,7 +36,9 @@ def main() -> None:
     parser.add_argument("--contexts", default="200,1000,2000")
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--drafter", action="store_true", help="the bundled drafter's forward, not the target's")
+    parser.add_argument("--rows", default="1,5", help="new rows a forward, comma-separated")
     args = parser.parse_args()
+    rows = [int(n) for n in args.rows.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="kernels-"))
     for name in SOURCES:
         text = subprocess.run(["git", "show", f"{args.against}:core/models/{name}"], capture_output=True,
@@ -81,9 +83,9 @@ def main() -> None:
             use(name)
             net.reset()
             net.forward(ids[:ctx], last=1)
-        times = {(name, n): [] for name in libs for n in (1, 5)}
+        times = {(name, n): [] for name in libs for n in rows}
         for _ in range(args.reps):
-            for n in (1, 5):
+            for n in rows:
                 for name in libs:
                     use(name)
                     start = time.perf_counter()

@@ -108,10 +108,26 @@ static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scal
    whenever the rows' products took a while: the products of 28 Qwen2.5-1.5B-shaped
    layers (819 MB, scripts/kernel_rows.py --layers 28) took 42-43 / 57 / 68-79 ms
    for 1 / 4 / 8 rows, and 34-35 / 38-39 / 45-47 ms with this (2-16 KB ahead all
-   alike). A prefetch past the end of the weights is harmless: it never faults. */
+   alike). A prefetch past the end of the weights is harmless: it never faults.
+   From 3 rows the multiply-adds take long enough that this no longer keeps enough
+   lines in flight (L1 holds few misses at a time), so those also ask L2 for the
+   weights FAR bytes ahead: a Qwen2.5-1.5B verification of 4 / 5 rows 8-11% faster
+   where memory is fast, 2-3% where it is slow; for 1-2 rows it cost up to 6% (more
+   instructions, no stall to hide), and blocks of 8 (a prompt's, whose weights
+   stay in cache after the first block) gained nothing. AVX2's products are bound by
+   their multiplies from 3 rows, and gained nothing either (4-5 rows 1-2% slower)
+   (scripts/attention_ab.py --rows, scripts/kernel_ab.py --gemm; docs/speed.md). */
 #define PREFETCH 4096
-static inline __attribute__((always_inline)) void ahead(const uint8_t *b, int bytes) {
+#define FAR 16384
+#ifdef __AVX512VNNI__
+#define FAR_ROWS 3
+#else
+#define FAR_ROWS MAX_ROWS
+#endif
+static inline __attribute__((always_inline)) void ahead(const uint8_t *b, int bytes, int rows) {
     for (int line = 0; line < bytes; line += 64) _mm_prefetch((const char *)b + PREFETCH + line, _MM_HINT_T0);
+    if (rows >= FAR_ROWS && rows < MAX_ROWS)
+        for (int line = 0; line < bytes; line += 64) _mm_prefetch((const char *)b + FAR + line, _MM_HINT_T1);
 }
 
 /* A Q4_K superblock's m of groups 2p and 2p+1 (0 past its last group) for channels
@@ -181,7 +197,7 @@ static inline __attribute__((always_inline)) void q4k_column(
         for (int r = 0; r < rows; r++) dots[r] = _mm512_setzero_si512();
         for (int i = 0; i < count; i++) {
             const uint8_t *b = first + i * GROUP_BYTES;
-            ahead(b, GROUP_BYTES);
+            ahead(b, GROUP_BYTES, rows);
             __m512i d[MAX_ROWS];
             nibble_dots(b, d, rows, (const int32_t *)(xq + (g0 + i) * GROUP), k / 4);
             __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 256)));
@@ -213,7 +229,7 @@ static inline __attribute__((always_inline)) void q4_column(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
-        ahead(b, Q4_BLOCK_BYTES);
+        ahead(b, Q4_BLOCK_BYTES, rows);
         __m512i d[MAX_ROWS];
         nibble_dots(b, d, rows, (const int32_t *)(xq + g * GROUP), k / 4);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
@@ -262,7 +278,7 @@ static inline __attribute__((always_inline)) void q6k_column(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
-        ahead(b, Q6_BLOCK_BYTES);
+        ahead(b, Q6_BLOCK_BYTES, rows);
         for (int s = 0; s < 2; s++) {
             __m512i d[MAX_ROWS];
             for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(-32 * (int32_t)part_sum[r * stride + 2 * g + s]);
@@ -283,7 +299,7 @@ static inline __attribute__((always_inline)) void q8_column(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
-        ahead(b, Q8_BLOCK_BYTES);
+        ahead(b, Q8_BLOCK_BYTES, rows);
         __m512i d[MAX_ROWS];
         for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(-128 * (int32_t)group_sum[r * stride + g]);
         for (int t = 0; t < 8; t++)
@@ -352,7 +368,7 @@ static inline __attribute__((always_inline)) void q4k_column(
         const uint8_t *first = head + SUPER_HEAD;
         for (int i = 0; i < count; i++) {
             const uint8_t *b = first + i * GROUP_BYTES;
-            ahead(b, GROUP_BYTES);
+            ahead(b, GROUP_BYTES, rows);
             for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
                 __m256i w[8];
                 nibbles(b + 32 * h, w);
@@ -408,7 +424,7 @@ static inline __attribute__((always_inline)) void q4_column(
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
-        ahead(b, Q4_BLOCK_BYTES);
+        ahead(b, Q4_BLOCK_BYTES, rows);
         for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
             __m256i w[8];
             nibbles(b + 32 * h, w);
@@ -440,7 +456,7 @@ static inline __attribute__((always_inline)) void q6k_column(
     const __m256i pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
-        ahead(b, Q6_BLOCK_BYTES);
+        ahead(b, Q6_BLOCK_BYTES, rows);
         __m256i w[2][8];
         __m256 sc[2][2];
         for (int h = 0; h < 2; h++) {
@@ -489,7 +505,7 @@ static inline __attribute__((always_inline)) void q8_column(
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
-        ahead(b, Q8_BLOCK_BYTES);
+        ahead(b, Q8_BLOCK_BYTES, rows);
         for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
             __m256i w[8];
             for (int t = 0; t < 8; t++)
