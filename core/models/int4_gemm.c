@@ -229,7 +229,7 @@ static inline __attribute__((always_inline)) void q4_column(
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
-        ahead(b, Q4_BLOCK_BYTES, rows);
+        ahead(b, Q4_BLOCK_BYTES, 1); /* the drafter's small products: 3-4 rows 3% slower with FAR */
         __m512i d[MAX_ROWS];
         nibble_dots(b, d, rows, (const int32_t *)(xq + g * GROUP), k / 4);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
