@@ -103,6 +103,23 @@ static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scal
     }
 }
 
+/* A row's per-group term for the layouts other than Q4_K (gemm_beside). */
+typedef union {
+    int32_t shift; /* Q6_K: -32 sum, Q8_0: -128 sum */
+    float sum;     /* Q4_1 */
+} Term;
+
+static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
+    for (int64_t g = 0; g < count; g++) {
+        if (kind == LAYOUT_Q6_K)
+            out[g].shift = -32 * (int32_t)sums[g];
+        else if (kind == LAYOUT_Q8_0)
+            out[g].shift = -128 * (int32_t)sums[g];
+        else
+            out[g].sum = (float)sums[g];
+    }
+}
+
 /* Ask for the weights PREFETCH bytes ahead in this thread's stream while the
    current block computes. Left to the hardware prefetcher, the stream stalled
    whenever the rows' products took a while: the products of 28 Qwen2.5-1.5B-shaped
@@ -223,7 +240,7 @@ static inline __attribute__((always_inline)) void q4k_column(
 
 /* Q4_1's form. */
 static inline __attribute__((always_inline)) void q4_column(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -272,7 +289,7 @@ static inline __attribute__((always_inline)) void six_bit_dots(const uint8_t *b,
 
 /* 6-bit: per 16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
 static inline __attribute__((always_inline)) void q6k_column(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *part_sum, int64_t stride,
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *part_shift, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -281,7 +298,7 @@ static inline __attribute__((always_inline)) void q6k_column(
         ahead(b, Q6_BLOCK_BYTES, rows);
         for (int s = 0; s < 2; s++) {
             __m512i d[MAX_ROWS];
-            for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(-32 * (int32_t)part_sum[r * stride + 2 * g + s]);
+            for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(part_shift[r * stride + 2 * g + s]);
             six_bit_dots(b, s, d, rows, (const int32_t *)(xq + g * GROUP), k / 4);
             __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 384 + 32 * s)));
             for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), sc, acc[r]);
@@ -293,7 +310,7 @@ static inline __attribute__((always_inline)) void q6k_column(
 
 /* 8-bit: per group d = sum((q + 128) x) - 128 sum(x) = sum(q x) exactly, then acc += s * d. */
 static inline __attribute__((always_inline)) void q8_column(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *group_shift, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
@@ -301,7 +318,7 @@ static inline __attribute__((always_inline)) void q8_column(
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
         ahead(b, Q8_BLOCK_BYTES, rows);
         __m512i d[MAX_ROWS];
-        for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(-128 * (int32_t)group_sum[r * stride + g]);
+        for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(group_shift[r * stride + g]);
         for (int t = 0; t < 8; t++)
             dots_rows(d, rows, _mm512_loadu_si512((const void *)(b + 64 * t)), (const int32_t *)(xq + g * GROUP), k / 4, t);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 512)));
@@ -415,7 +432,7 @@ static inline __attribute__((always_inline)) void q4k_column(
    The 6-bit path below shares its inputs' broadcasts between the halves instead:
    split the same way it gained nothing.) */
 static inline __attribute__((always_inline)) void q4_column(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     float partial[MAX_ROWS * 16] __attribute__((aligned(32))); /* [row][channel]: the rows' results so far, in L1 */
     float *accm = partial;
@@ -449,7 +466,7 @@ static inline __attribute__((always_inline)) void q4_column(
 /* 6-bit with AVX2: pair sums of two steps fit int16 (2 x 2 x 63 x 127 < 32768);
    same integers and float steps as the AVX-512 path. */
 static inline __attribute__((always_inline)) void q6k_column(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *part_sum, int64_t stride,
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *part_shift, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -476,13 +493,13 @@ static inline __attribute__((always_inline)) void q6k_column(
             for (int s = 0; s < 2; s++) {
                 __m256i x0 = _mm256_set1_epi32(xr[4 * s]), x1 = _mm256_set1_epi32(xr[4 * s + 1]);
                 __m256i x2 = _mm256_set1_epi32(xr[4 * s + 2]), x3 = _mm256_set1_epi32(xr[4 * s + 3]);
-                __m256i shift = _mm256_set1_epi32(32 * (int32_t)part_sum[r * stride + 2 * g + s]);
+                __m256i shift = _mm256_set1_epi32(part_shift[r * stride + 2 * g + s]);
                 for (int h = 0; h < 2; h++) {
                     const __m256i *ws = w[h] + 4 * s;
                     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ws[0], x0), _mm256_maddubs_epi16(ws[1], x1));
                     __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(ws[2], x2), _mm256_maddubs_epi16(ws[3], x3));
                     __m256i d = _mm256_add_epi32(_mm256_madd_epi16(p, ones), _mm256_madd_epi16(q, ones));
-                    d = _mm256_sub_epi32(d, shift);
+                    d = _mm256_add_epi32(d, shift);
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc[s][h], acc[r][h]);
                 }
             }
@@ -497,9 +514,9 @@ static inline __attribute__((always_inline)) void q6k_column(
    (2 x 128 x 127 < 32768 a pair), widened to int32 at once: the same integer
    sum(q x) and float step as the AVX-512 path. */
 static inline __attribute__((always_inline)) void q8_column(
-    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int16_t *group_sum, int64_t stride,
+    const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *group_shift, int64_t stride,
     const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
-    (void)group_sum, (void)stride;
+    (void)group_shift, (void)stride;
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
@@ -735,15 +752,16 @@ static int amx_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_
 int amx_rows(void) { return 0; }
 #endif
 
-#define ROWS_CASE(R, COLUMN)                                                                               \
+#define ROWS_CASE(R, COLUMN, TERMS)                                                                        \
     case R:                                                                                                \
-        COLUMN(column, groups, xq + r0 * k, sums + r0 * stride, stride, row_scale + r0, k, R,              \
+        COLUMN(column, groups, xq + r0 * k, (TERMS) + r0 * stride, stride, row_scale + r0, k, R,           \
                y + r0 * ldy + c * CHANNELS, ldy);                                                          \
         break;
-#define ROWS(COLUMN)                                                                                       \
+#define ROWS(COLUMN, TERMS)                                                                                \
     switch (rows) {                                                                                        \
-        ROWS_CASE(1, COLUMN) ROWS_CASE(2, COLUMN) ROWS_CASE(3, COLUMN) ROWS_CASE(4, COLUMN)                \
-        ROWS_CASE(5, COLUMN) ROWS_CASE(6, COLUMN) ROWS_CASE(7, COLUMN) ROWS_CASE(8, COLUMN)                \
+        ROWS_CASE(1, COLUMN, TERMS) ROWS_CASE(2, COLUMN, TERMS) ROWS_CASE(3, COLUMN, TERMS)                \
+        ROWS_CASE(4, COLUMN, TERMS) ROWS_CASE(5, COLUMN, TERMS) ROWS_CASE(6, COLUMN, TERMS)                \
+        ROWS_CASE(7, COLUMN, TERMS) ROWS_CASE(8, COLUMN, TERMS)                                            \
     }
 
 /* x [m, k] float32 times weights [n, k] in layout `kind` (int4_gemm.h) into y [m, ldy]
@@ -769,15 +787,23 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
     int8_t *xq = (int8_t *)lines((size_t)(m * k));
     float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
     int16_t *sums = (int16_t *)calloc((size_t)(m * stride), sizeof(int16_t));
-    if (!xq || !row_scale || !sums) {
-        free(xq), free(row_scale), free(sums);
+    /* What the other layouts' kernels take per row and group from the sums, ready to
+       broadcast from memory: Q6_K's -32 sum and Q8_0's -128 sum (int32), Q4_1's sum
+       as a float. Each formed in the loop as a broadcast from a general register cost
+       its 6-bit kernel 11-13% at 8-64 rows (docs/speed.md). */
+    Term *terms = kind == LAYOUT_Q4_K ? NULL : (Term *)malloc(sizeof(Term) * (size_t)(m * stride));
+    if (!xq || !row_scale || !sums || (kind != LAYOUT_Q4_K && !terms)) {
+        free(xq), free(row_scale), free(sums), free(terms);
         return -1;
     }
     int64_t columns = n / CHANNELS;
 #pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, the columns, what runs beside */
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < m; r++) quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * stride, width);
+        for (int64_t r = 0; r < m; r++) {
+            quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * stride, width);
+            if (terms) row_terms(kind, sums + r * stride, per_row, terms + r * stride);
+        }
         if (beside) {
 #pragma omp for schedule(static) nowait
             for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
@@ -789,13 +815,13 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
             for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
                 int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
                 if (kind == LAYOUT_Q4_K) {
-                    ROWS(q4k_column)
+                    ROWS(q4k_column, sums)
                 } else if (kind == LAYOUT_Q6_K) {
-                    ROWS(q6k_column)
+                    ROWS(q6k_column, (const int32_t *)terms)
                 } else if (kind == LAYOUT_Q8_0) {
-                    ROWS(q8_column)
+                    ROWS(q8_column, (const int32_t *)terms)
                 } else {
-                    ROWS(q4_column)
+                    ROWS(q4_column, (const float *)terms)
                 }
             }
         }
@@ -804,7 +830,7 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
             for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
         }
     }
-    free(xq), free(row_scale), free(sums);
+    free(xq), free(row_scale), free(sums), free(terms);
     return 0;
 }
 
