@@ -131,11 +131,15 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
    weights FAR bytes ahead: a Qwen2.5-1.5B verification of 4 / 5 rows 8-11% faster
    where memory is fast, 2-3% where it is slow; for 1-2 rows it cost up to 6% (more
    instructions, no stall to hide), and blocks of 8 (a prompt's, whose weights
-   stay in cache after the first block) gained nothing. AVX2's products are bound by
+   stay in cache after the first block) gained nothing. Nor do products under
+   FAR_MIN_BYTES (Gemma-3-270M's layers, a Qwen's q/k/v and o): their streams are
+   short, the far prefetch runs mostly past their end (Gemma's layers' products of
+   3-5 rows were 1-2% slower with it). AVX2's products are bound by
    their multiplies from 3 rows, and gained nothing either (4-5 rows 1-2% slower)
    (scripts/attention_ab.py --rows, scripts/kernel_ab.py --gemm; docs/speed.md). */
 #define PREFETCH 4096
 #define FAR 16384
+#define FAR_MIN_BYTES (4 << 20) /* smaller products: the far prefetch runs mostly past their end */
 #ifdef __AVX512VNNI__
 #define FAR_ROWS 3
 #else
@@ -203,7 +207,7 @@ static inline __attribute__((always_inline)) __m512i min_pairs(const uint8_t *fi
 
 static inline __attribute__((always_inline)) void q4k_column(
     const uint8_t *column, int64_t groups, const int8_t *xq, const int16_t *sums, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *head = column;
@@ -214,7 +218,7 @@ static inline __attribute__((always_inline)) void q4k_column(
         for (int r = 0; r < rows; r++) dots[r] = _mm512_setzero_si512();
         for (int i = 0; i < count; i++) {
             const uint8_t *b = first + i * GROUP_BYTES;
-            ahead(b, GROUP_BYTES, rows);
+            ahead(b, GROUP_BYTES, far ? rows : 1);
             __m512i d[MAX_ROWS];
             nibble_dots(b, d, rows, (const int32_t *)(xq + (g0 + i) * GROUP), k / 4);
             __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 256)));
@@ -241,12 +245,13 @@ static inline __attribute__((always_inline)) void q4k_column(
 /* Q4_1's form. */
 static inline __attribute__((always_inline)) void q4_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
+    (void)far;
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
-        ahead(b, Q4_BLOCK_BYTES, 1); /* the drafter's small products: 3-4 rows 3% slower with FAR */
+        ahead(b, Q4_BLOCK_BYTES, 1); /* the drafter's: its 3-4-row forwards were 3% slower with FAR */
         __m512i d[MAX_ROWS];
         nibble_dots(b, d, rows, (const int32_t *)(xq + g * GROUP), k / 4);
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 256)));
@@ -290,12 +295,12 @@ static inline __attribute__((always_inline)) void six_bit_dots(const uint8_t *b,
 /* 6-bit: per 16-input part s, d = sum(q x) - 32 sum(x) exactly, then acc += s * d. */
 static inline __attribute__((always_inline)) void q6k_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *part_shift, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
-        ahead(b, Q6_BLOCK_BYTES, rows);
+        ahead(b, Q6_BLOCK_BYTES, far ? rows : 1);
         for (int s = 0; s < 2; s++) {
             __m512i d[MAX_ROWS];
             for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(part_shift[r * stride + 2 * g + s]);
@@ -311,12 +316,12 @@ static inline __attribute__((always_inline)) void q6k_column(
 /* 8-bit: per group d = sum((q + 128) x) - 128 sum(x) = sum(q x) exactly, then acc += s * d. */
 static inline __attribute__((always_inline)) void q8_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *group_shift, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
-        ahead(b, Q8_BLOCK_BYTES, rows);
+        ahead(b, Q8_BLOCK_BYTES, far ? rows : 1);
         __m512i d[MAX_ROWS];
         for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(group_shift[r * stride + g]);
         for (int t = 0; t < 8; t++)
@@ -365,7 +370,7 @@ static inline __attribute__((always_inline)) __m256i pair_sums(const __m256i w[8
    in L1 (a load and a store beside 8 multiplies). */
 static inline __attribute__((always_inline)) void q4k_column(
     const uint8_t *column, int64_t groups, const int8_t *xq, const int16_t *sums, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     float partial[MAX_ROWS * 16] __attribute__((aligned(32)));  /* [row][channel]: the rows' results so far */
     int32_t dot_sums[MAX_ROWS * 16] __attribute__((aligned(32))); /* the superblock's sc * dots so far */
     float *accm = partial;
@@ -385,7 +390,7 @@ static inline __attribute__((always_inline)) void q4k_column(
         const uint8_t *first = head + SUPER_HEAD;
         for (int i = 0; i < count; i++) {
             const uint8_t *b = first + i * GROUP_BYTES;
-            ahead(b, GROUP_BYTES, rows);
+            ahead(b, GROUP_BYTES, far ? rows : 1);
             for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
                 __m256i w[8];
                 nibbles(b + 32 * h, w);
@@ -433,7 +438,7 @@ static inline __attribute__((always_inline)) void q4k_column(
    split the same way it gained nothing.) */
 static inline __attribute__((always_inline)) void q4_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     float partial[MAX_ROWS * 16] __attribute__((aligned(32))); /* [row][channel]: the rows' results so far, in L1 */
     float *accm = partial;
     __asm__("" : "+r"(accm)); /* opaque: kept in memory, not 16 registers the halves' nibbles need */
@@ -441,7 +446,7 @@ static inline __attribute__((always_inline)) void q4_column(
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
-        ahead(b, Q4_BLOCK_BYTES, rows);
+        ahead(b, Q4_BLOCK_BYTES, far ? rows : 1);
         for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
             __m256i w[8];
             nibbles(b + 32 * h, w);
@@ -467,13 +472,13 @@ static inline __attribute__((always_inline)) void q4_column(
    same integers and float steps as the AVX-512 path. */
 static inline __attribute__((always_inline)) void q6k_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *part_shift, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
-        ahead(b, Q6_BLOCK_BYTES, rows);
+        ahead(b, Q6_BLOCK_BYTES, far ? rows : 1);
         __m256i w[2][8];
         __m256 sc[2][2];
         for (int h = 0; h < 2; h++) {
@@ -515,14 +520,14 @@ static inline __attribute__((always_inline)) void q6k_column(
    sum(q x) and float step as the AVX-512 path. */
 static inline __attribute__((always_inline)) void q8_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *group_shift, int64_t stride,
-    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     (void)group_shift, (void)stride;
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
-        ahead(b, Q8_BLOCK_BYTES, rows);
+        ahead(b, Q8_BLOCK_BYTES, far ? rows : 1);
         for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
             __m256i w[8];
             for (int t = 0; t < 8; t++)
@@ -754,7 +759,7 @@ int amx_rows(void) { return 0; }
 
 #define ROWS_CASE(R, COLUMN, TERMS)                                                                        \
     case R:                                                                                                \
-        COLUMN(column, groups, xq + r0 * k, (TERMS) + r0 * stride, stride, row_scale + r0, k, R,           \
+        COLUMN(column, groups, xq + r0 * k, (TERMS) + r0 * stride, stride, row_scale + r0, k, R, far,      \
                y + r0 * ldy + c * CHANNELS, ldy);                                                          \
         break;
 #define ROWS(COLUMN, TERMS)                                                                                \
@@ -797,6 +802,7 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
         return -1;
     }
     int64_t columns = n / CHANNELS;
+    int far = columns * column_bytes >= FAR_MIN_BYTES;
 #pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, the columns, what runs beside */
     {
 #pragma omp for schedule(static) nowait
