@@ -8,7 +8,8 @@ scripts/kernel_rows.py --layers) for 1 to 8 rows, the fastest of --reps passes
 each (--bits 6: the 6-bit products; --shapes gemma: Gemma-3-270M's Q4_K ones;
 --rows 64,200: blocks of a prompt's size, on AMX tiles where the CPU has them).
 Each build gets weights packed by its own revision's int4.py, so a layout change
-is measured too; where both revisions pack alike, the two builds' results are
+is measured too; where both revisions pack alike, both builds read one copy (where
+the OS placed a copy each moved the ratio by up to 13%) and their results are
 checked equal.
 
 With --prompt N: ms a prompt token of an N-token prompt read (one forward from an
