@@ -1,6 +1,6 @@
 """The kernels at a git revision against the working tree's on a target's whole
 forward (or with --drafter the bundled drafter's), at growing context lengths: ms
-a forward of --rows new rows (1 and 5) after --contexts random tokens (medians of --reps,
+a forward of --rows new rows (default 1 and 5) after --contexts random tokens (medians of --reps,
 the two builds interleaved), whether both builds give the same logits (or how far
 apart, where one keeps its cache in float32 and the other in fp16), and whether a
 5-row block's logits are its rows' one-token steps' bit for bit (what keeps

@@ -104,9 +104,10 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
                     for i, (k, n) in enumerate(chosen)]
               for lib, module in modules.items()}
     first, *others = layers.values()
-    if all(torch.equal(a[0], b[0]) for other in others for a, b in zip(first, other)):
-        # Packed alike: both builds read the one copy, so where the OS placed each
-        # copy (one ran 13% faster than the other here) does not enter the ratio.
+    alike = all(torch.equal(a[0], b[0]) for other in others for a, b in zip(first, other))
+    if alike:
+        # Both builds read the one copy, so where the OS placed each copy (one ran
+        # 13% faster than the other here) does not enter the ratio.
         layers = {lib: first for lib in layers}
     rows = rows or (STREAM_ROWS if shapes == "qwen" else (1, 3, 5))
     xs = {(m, k): torch.randn(m, k, generator=g) for m in rows for k, _ in set(chosen)}
@@ -128,15 +129,13 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
     for m in rows:
         a, b = (1000 * best[lib, m] for lib in names)
         print(f"{m:>4} {a:>14.2f} {b:>14.2f} {b / a:>7.3f}")
-    packed = []
-    for module in modules.values():  # the same random weights in each revision's layout
-        packed.append(random_weights(module, 2048, 1536, bits, torch.Generator().manual_seed(1)))
-    if not torch.equal(*packed):
+    if not alike:
         print("the revisions pack the weights differently: results not compared")
         return
+    packed = random_weights(next(iter(modules.values())), 2048, 1536, bits, torch.Generator().manual_seed(1))
     for m in rows:  # then the same bits from both builds
         x = torch.randn(m, 1536, generator=g)
-        got = [product(module, x, packed[0], 2048, bits) for module in modules.values()]
+        got = [product(module, x, packed, 2048, bits) for module in modules.values()]
         if not torch.equal(*got):  # AMX blocks may sum in another order: bf16 products' rounding
             error = ((got[0] - got[1]).abs().max() / got[0].abs().max()).item()
             if m < int4.amx_rows() or not int4.amx_rows() or error > 1e-5:
