@@ -93,7 +93,7 @@ def main() -> None:
                     times[name, n].append(time.perf_counter() - start)
                     net.rollback(ctx)
         print(f"after {ctx} positions: " + "  ".join(
-            f"{name} {n} rows {1000 * statistics.median(v):.1f} ms" for (name, n), v in times.items()))
+            f"{name} {n} rows {1000 * statistics.median(v):.2f} ms" for (name, n), v in times.items()))
     use("working tree")
     net.reset()
     net.forward(ids[:min(contexts)], last=1)

@@ -6,6 +6,7 @@ decoding of such a target gives the tokens of its plain decoding."""
 
 import ctypes
 import mmap
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -641,6 +642,34 @@ def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_comp
     # a last bit can land on either side of an fp16 step: 5e-3, where a wrong bias or
     # RoPE is off by tenths.
     torch.testing.assert_close(run(True), run(False), atol=5e-3, rtol=5e-3)
+
+
+@pytest.mark.parametrize("build", ["llama+adapter", "qwen2"])
+def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, qwen_tok):
+    """The stack's threads split every loop and product between them and meet at the
+    kernel's own barrier: the logits of a prompt, a step and a re-sync are the same
+    bits on one thread, two, and more threads than this machine has CPUs (where a
+    waiter must not hold the CPU of the thread it waits for)."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(len(qwen_tok), seed=4) if build.startswith("llama") else tiny_qwen2(len(qwen_tok), seed=4)
+    net = LeanLlama(model, int8=True, int4=True, adapter=_adapter(model) if "adapter" in build else None)
+    assert net.stack is not None
+
+    def run(threads: int) -> torch.Tensor:
+        torch.set_num_threads(threads)
+        net.reset()
+        return torch.cat([net.forward(list(range(100, 141)))[0], net.forward([7])[0], net.forward([8, 9, 10])[0]])
+
+    before = torch.get_num_threads()
+    try:
+        one = run(1)
+        for threads in (2, (os.cpu_count() or 2) + 1):
+            assert torch.equal(run(threads), one), threads
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_learned_adapter_runs_beside_the_4_bit_weights_and_keeps_its_effect(qwen_tok):

@@ -25,10 +25,9 @@ own rotary embedding, so every RoPE variant comes out as the model computes it.
 A projection may come in parts side by side (a target whose file stores q and k
 in 4 bits and v in 6), each its own product into its columns.
 
-A prompt's block (SPLIT_ROWS rows or more) splits the norms, RoPE, SiLU and
-residual adds by rows between the threads, as the products and attention are:
-with the products on AMX tiles, those loops on one thread were a sixth of a
-200-token prompt read (scripts/kernel_ab.py --prompt 200).
+The norms, RoPE, SiLU and residual adds split their rows between the threads, as
+the products and attention do: with the products on AMX tiles, those loops on one
+thread were a sixth of a 200-token prompt read (scripts/kernel_ab.py --prompt 200).
 */
 #include <immintrin.h>
 #include <math.h>
@@ -242,26 +241,39 @@ static void extra_finish(void *ctx, int64_t o0) {
             for (int64_t i = o0; i < o0 + 16; i++) e->y[r * ldy + i] += p->bias[i];
 }
 
-/* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias). */
-static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy, int threads) {
+/* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias), by the current team (the
+   caller's next team_wait completes y); t: room for x A^T. */
+static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy,
+                   const GemmRoom *room, float *t, TeamBarrier *bar) {
     int kind = (int)p->kind;
-    if (!p->lora_a && !p->bias) return gemm_beside(kind, x, n, k, p->packed, p->out, y, ldy, threads, NULL);
+    if (!p->lora_a && !p->bias) return gemm_team(kind, x, n, k, p->packed, p->out, y, ldy, NULL, room, bar);
     int64_t width = p->lora_a ? p->parts * p->rank : 0;
-    float *t = width ? malloc(sizeof(float) * (size_t)(n * width)) : NULL;
-    if (width && !t) return -1;
     Extra extra = {p, x, y, t, n, k, ldy};
     Beside beside = {width ? (n >= 8 ? (n + 3) / 4 : width) : 0, extra_prepare, extra_finish, &extra};
-    int failed = gemm_beside(kind, x, n, k, p->packed, p->out, y, ldy, threads, &beside);
-    free(t);
-    return failed;
+    return gemm_team(kind, x, n, k, p->packed, p->out, y, ldy, &beside, room, bar);
 }
 
 /* The parts of one projection side by side into y [n, width]. */
 static int project_parts(const Projection *parts, int count, const float *x, int64_t n, int64_t k, float *y,
-                         int64_t width, int threads) {
-    for (int64_t i = 0, col = 0; i < count && parts[i].out; col += parts[i].out, i++)
-        if (project(parts + i, x, n, k, y + col, width, threads)) return -1;
+                         int64_t width, const GemmRoom *room, float *t, TeamBarrier *bar) {
+    for (int64_t i = 0, col = 0; i < count && parts[i].out; col += parts[i].out, i++) {
+        if (i) team_wait(bar); /* the parts share the room's rows and t */
+        if (project(parts + i, x, n, k, y + col, width, room, t, bar)) return -1;
+    }
     return 0;
+}
+
+/* The widest x A^T of the layers' adapters, per row (0: none). */
+static int64_t adapter_width(const Layer *layers, int64_t n_layers) {
+    int64_t widest = 0;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const Layer *L = layers + l;
+        const Projection *all[7] = {L->qkv, L->qkv + 1, L->qkv + 2, &L->o, L->gate_up, L->gate_up + 1, &L->down};
+        for (int i = 0; i < 7; i++)
+            if (all[i]->out && all[i]->lora_a && all[i]->parts * all[i]->rank > widest)
+                widest = all[i]->parts * all[i]->rank;
+    }
+    return widest;
 }
 
 /* x clamped to fp16's finite range: a model whose keys or values outgrow it (Qwen2.5's
@@ -281,6 +293,18 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
 /* e^x for VW floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
    times 2^n; relative error ~1e-7). The loops' scalar expf cost more than the
    4-bit products of a one-token step. */
+/* A new row's RoPE on its query and key heads, and its keys and values into the
+   cache (fp16) at position pos. */
+static void rope_and_store(float *row, const float *c, const float *s, int64_t n_heads, int64_t n_kv, int64_t d,
+                           uint16_t *keys, uint16_t *values, int64_t capacity, int64_t pos) {
+    for (int64_t hd = 0; hd < n_heads + n_kv; hd++) rope(row + hd * d, c, s, d);
+    for (int64_t j = 0; j < n_kv; j++)
+        for (int64_t i = 0; i < d; i += VW) {
+            vstore_half(keys + (j * capacity + pos) * d + i, fp16_range(vload(row + (n_heads + j) * d + i)));
+            vstore_half(values + (j * capacity + pos) * d + i, fp16_range(vload(row + (n_heads + n_kv + j) * d + i)));
+        }
+}
+
 static inline vec vexp(vec x) {
     x = vmax(vmin(x, vset1(88.0f)), vset1(-88.0f));
     vec n = vround(vmul(x, vset1(1.44269504088896341f)));
@@ -504,12 +528,6 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
     }
 }
 
-/* Rows from which the loops between the products split their rows between the
-   threads: a prompt's block (one fork a loop), not a step's few rows. */
-#define SPLIT_ROWS 16
-/* Values from which SiLU splits between the threads (a target's one row of 8,960 does,
-   the drafter's of 1,536 not: a fork costs about what it would save there). */
-#define SILU_SPLIT 4096
 
 #ifdef STACK_PHASES
 /* Seconds each phase of the layers' loop took, summed over calls: what
@@ -525,7 +543,7 @@ void stack_phases(double *out, int reset) {
 #define PHASE(i)                                                                                           \
     do {                                                                                                   \
         double now_ = omp_get_wtime();                                                                     \
-        phase_seconds[i] += now_ - then_;                                                                  \
+        if (omp_get_thread_num() == 0) phase_seconds[i] += now_ - then_; /* the team's phases align */     \
         then_ = now_;                                                                                      \
     } while (0)
 #define PHASES_START double then_ = omp_get_wtime()
@@ -536,20 +554,30 @@ void stack_phases(double *out, int reset) {
 
 /* Returns 0, or -1 when out of memory. hidden and the MLP width: multiples of 32 (the
    products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
-   computes a row the same way whatever rows run beside it, so a row's bits do not
-   depend on the block it comes in (a verification's rows are a step's). final_norm
-   (NULL: none): the weights of the norm the last `needed` rows then get in place. */
+   computes a row the same way whatever rows run beside it and whichever thread runs
+   it, so a row's bits do not depend on the block it comes in (a verification's rows
+   are a step's). final_norm (NULL: none): the weights of the norm the last `needed`
+   rows then get in place.
+   The whole stack is one parallel region: its threads split each loop and product
+   and meet at a spinning barrier (team_wait) between them. A region a product, as
+   before, cost each forward's hundreds of products a fork, a join and libgomp
+   barriers, which make a futex syscall each (a 30-layer drafter forward made ~720;
+   scripts/kernel_ab.py and attention_ab.py, docs/speed.md). */
 int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
                   uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
                   int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm, int threads) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
-    int split = n >= SPLIT_ROWS ? threads : 1;
     float *h = lines(sizeof(float) * (size_t)(n * hidden));
     float *qkv = lines(sizeof(float) * (size_t)(n * qkv_width));
     float *att = lines(sizeof(float) * (size_t)(n * n_heads * d));
     float *gu = lines(sizeof(float) * (size_t)(n * 2 * inter));
     float *act = lines(sizeof(float) * (size_t)(n * inter));
-    int failed = !h || !qkv || !att || !gu || !act || d > MAX_HEAD_DIM;
+    int64_t widest_in = hidden > inter ? hidden : inter, t_width = adapter_width(layers, n_layers);
+    if (n_heads * d > widest_in) widest_in = n_heads * d;
+    float *t_room = t_width ? malloc(sizeof(float) * (size_t)(n * t_width)) : NULL;
+    GemmRoom room;
+    int failed = !h || !qkv || !att || !gu || !act || (t_width && !t_room) || d > MAX_HEAD_DIM;
+    failed |= gemm_room(&room, n, widest_in, threads) != 0; /* (room stays freeable either way) */
     float scale = 1.0f / sqrtf((float)d);
     /* Attention's tasks: per key/value head, its query heads in chunks, and the rows
        in blocks of ATT_ROWS. Each task widens its key/value head's cache once, so as
@@ -564,82 +592,103 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
     float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * task_rows));
     float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
     failed |= !score_room || !sum_room || !wide_room;
-    for (int64_t l = 0; l < n_layers && !failed; l++) {
-        const Layer *L = layers + l;
-        /* Rows from `first` on go past the cache: in the last layer only the `needed`
-           whose residual the caller reads (a prompt's last, for the LM head); the
-           others' keys and values are all later positions need of it. */
-        int64_t first = l == n_layers - 1 ? n - needed : 0, blocks = (n - first + ATT_ROWS - 1) / ATT_ROWS;
-        uint16_t *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
-        PHASES_START;
-#pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
-        PHASE(0);
-        if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, threads)) { failed = 1; break; }
-        PHASE(1);
-#pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < n; r++) {
-            float *row = qkv + r * qkv_width;
-            const float *c = cos + (start + r) * d, *s = sin + (start + r) * d;
-            for (int64_t hd = 0; hd < n_heads + n_kv; hd++) rope(row + hd * d, c, s, d);
-            for (int64_t j = 0; j < n_kv; j++)
-                for (int64_t i = 0; i < d; i += VW) {
-                    vstore_half(keys + (j * capacity + start + r) * d + i, fp16_range(vload(row + (n_heads + j) * d + i)));
-                    vstore_half(values + (j * capacity + start + r) * d + i,
-                                fp16_range(vload(row + (n_heads + n_kv + j) * d + i)));
-                }
-        }
-        PHASE(2);
-#pragma omp parallel num_threads(threads)
+    TeamBarrier bar = {0};
+    _Atomic int unknown_layout = 0;
+    if (!failed) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
         {
             int me = omp_get_thread_num(); /* this thread's scores and sums, one task's at a time */
             float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * task_rows;
             float *wide = wide_room + me * ATT_BLOCK * d;
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < n_kv * chunks * blocks; t++) {
-                int64_t j = t / (chunks * blocks), c = t / blocks % chunks, r0 = first + t % blocks * ATT_ROWS;
-                int64_t h0 = j * group + c * chunk, h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
-                if (h0 < h1)
-                    attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
-                                 keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, wide, att,
-                                 n_heads * d);
+            for (int64_t l = 0; l < n_layers; l++) {
+                const Layer *L = layers + l;
+                /* Rows from `first` on go past the cache: in the last layer only the `needed`
+                   whose residual the caller reads (a prompt's last, for the LM head); the
+                   others' keys and values are all later positions need of it. */
+                int64_t first = l == n_layers - 1 ? n - needed : 0, blocks = (n - first + ATT_ROWS - 1) / ATT_ROWS;
+                uint16_t *keys = kv + (l * 2) * n_kv * capacity * d, *values = keys + n_kv * capacity * d;
+                PHASES_START;
+#pragma omp for schedule(static) nowait
+                for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
+                team_wait(&bar);
+                PHASE(0);
+                /* A layout gemm_team does not know fails on every thread alike, so all leave together. */
+                if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, &room, t_room, &bar)) {
+                    unknown_layout = 1;
+                    break;
+                }
+                team_wait(&bar);
+                PHASE(1);
+#pragma omp for schedule(static) nowait
+                for (int64_t r = 0; r < n; r++)
+                    rope_and_store(qkv + r * qkv_width, cos + (start + r) * d, sin + (start + r) * d, n_heads, n_kv, d,
+                                   keys, values, capacity, start + r);
+                team_wait(&bar);
+                PHASE(2);
+#pragma omp for schedule(static) nowait
+                for (int64_t t = 0; t < n_kv * chunks * blocks; t++) {
+                    int64_t j = t / (chunks * blocks), c = t / blocks % chunks, r0 = first + t % blocks * ATT_ROWS;
+                    int64_t h0 = j * group + c * chunk, h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
+                    if (h0 < h1)
+                        attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
+                                     keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, wide,
+                                     att, n_heads * d);
+                }
+                team_wait(&bar);
+                PHASE(3);
+                int64_t m = n - first; /* rows [first, n) from here on */
+                if (m == 0) break;
+                float *xm = x + first * hidden, *hm = h + first * hidden;
+                if (project(&L->o, att + first * n_heads * d, m, n_heads * d, hm, hidden, &room, t_room, &bar)) {
+                    unknown_layout = 1;
+                    break;
+                }
+                team_wait(&bar);
+                PHASE(4);
+#pragma omp for schedule(static) nowait
+                for (int64_t r = 0; r < m; r++) {
+                    add_row(xm + r * hidden, hm + r * hidden, hidden);
+                    rms_norm_row(xm + r * hidden, L->norm2, eps, hidden, hm + r * hidden);
+                }
+                team_wait(&bar);
+                PHASE(5);
+                if (project_parts(L->gate_up, 2, hm, m, hidden, gu, 2 * inter, &room, t_room, &bar)) {
+                    unknown_layout = 1;
+                    break;
+                }
+                team_wait(&bar);
+                PHASE(6);
+                /* By pieces of each row, so a step's rows split between the threads too: on one
+                   thread the target's SiLU took 0.13 ms of a one-token step and 0.97 of a 4-row
+                   verification (scripts/stack_phases.py). Each value's math is the same. */
+                int64_t piece = (inter / VW + threads - 1) / threads * VW;
+#pragma omp for schedule(static) nowait
+                for (int64_t t = 0; t < m * threads; t++) {
+                    int64_t r = t / threads, i0 = t % threads * piece, count = inter - i0 < piece ? inter - i0 : piece;
+                    if (count > 0)
+                        silu_mul(gu + r * 2 * inter + i0, gu + r * 2 * inter + inter + i0, count, act + r * inter + i0);
+                }
+                team_wait(&bar);
+                PHASE(7);
+                if (project(&L->down, act, m, inter, hm, hidden, &room, t_room, &bar)) {
+                    unknown_layout = 1;
+                    break;
+                }
+                team_wait(&bar);
+                PHASE(8);
+#pragma omp for schedule(static) nowait
+                for (int64_t r = 0; r < m; r++) add_row(xm + r * hidden, hm + r * hidden, hidden);
+                team_wait(&bar);
+                PHASE(9);
             }
         }
-        PHASE(3);
-        int64_t m = n - first; /* rows [first, n) from here on */
-        if (m == 0) break;
-        float *xm = x + first * hidden, *hm = h + first * hidden;
-        if (project(&L->o, att + first * n_heads * d, m, n_heads * d, hm, hidden, threads)) { failed = 1; break; }
-        PHASE(4);
-#pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < m; r++) {
-            add_row(xm + r * hidden, hm + r * hidden, hidden);
-            rms_norm_row(xm + r * hidden, L->norm2, eps, hidden, hm + r * hidden);
-        }
-        PHASE(5);
-        if (project_parts(L->gate_up, 2, hm, m, hidden, gu, 2 * inter, threads)) { failed = 1; break; }
-        PHASE(6);
-        /* By pieces of each row, so a step's rows split between the threads too: on one
-           thread the target's SiLU took 0.13 ms of a one-token step and 0.97 of a 4-row
-           verification (scripts/stack_phases.py). Each value's math is the same. */
-        int pieces = m * inter >= SILU_SPLIT ? threads : 1;
-        int64_t piece = (inter / VW + pieces - 1) / pieces * VW;
-#pragma omp parallel for num_threads(pieces) schedule(static)
-        for (int64_t t = 0; t < m * pieces; t++) {
-            int64_t r = t / pieces, i0 = t % pieces * piece, count = inter - i0 < piece ? inter - i0 : piece;
-            if (count > 0) silu_mul(gu + r * 2 * inter + i0, gu + r * 2 * inter + inter + i0, count, act + r * inter + i0);
-        }
-        PHASE(7);
-        if (project(&L->down, act, m, inter, hm, hidden, threads)) { failed = 1; break; }
-        PHASE(8);
-#pragma omp parallel for num_threads(split) schedule(static)
-        for (int64_t r = 0; r < m; r++) add_row(xm + r * hidden, hm + r * hidden, hidden);
-        PHASE(9);
     }
+    failed |= unknown_layout;
     /* The model's final norm on the rows read, in place: as a torch op after the call it
        cost a drafted token 0.2 ms, its code and data cold after the weights' stream. */
     if (final_norm && !failed)
         for (int64_t r = n - needed; r < n; r++) rms_norm_row(x + r * hidden, final_norm, eps, hidden, x + r * hidden);
-    free(h), free(qkv), free(att), free(gu), free(act), free(score_room), free(sum_room), free(wide_room);
+    free(h), free(qkv), free(att), free(gu), free(act), free(t_room), free(score_room), free(sum_room), free(wide_room);
+    gemm_room_free(&room);
     return failed ? -1 : 0;
 }

@@ -41,10 +41,16 @@ one per group matters on AVX2, where the rows' products, not the stream, set
 the cost of several rows (docs/speed.md).
 */
 #include <immintrin.h>
+#include <linux/futex.h>
 #include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <x86intrin.h>
 
 #include "int4_gemm.h"
 
@@ -559,8 +565,6 @@ static inline __attribute__((always_inline)) void q8_column(
    result still depends on that row alone, but not on the same bits as the
    few-row path, so a speculative verification (k + 1 <= 9 rows) and a one-token
    step keep the integer kernel above and stay bit-identical (docs/speed.md). */
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define AMX_ROWS 32          /* rows from which a product runs on tiles */
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -714,44 +718,36 @@ static void amx_columns(const uint16_t *xb, int64_t m, int64_t padded, int64_t k
     }
 }
 
-static int amx_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t column_bytes,
-                    int64_t n, float *y, int64_t ldy, int threads, const Beside *beside) {
+/* A product of many rows on AMX tiles, by the current team (gemm_team): the rows in
+   bf16 into room->xb, each thread's pair of columns dequantized into its own room->wt. */
+static void amx_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t column_bytes,
+                     int64_t n, float *y, int64_t ldy, const Beside *beside, const GemmRoom *room, TeamBarrier *bar) {
     int64_t padded = (m + 31) / 32 * 32, columns = n / CHANNELS, pairs = (columns + 1) / 2, groups = k / GROUP;
-    uint16_t *xb = (uint16_t *)lines(sizeof(uint16_t) * (size_t)(padded * k));
-    if (!xb) return -1;
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        uint16_t *wt = (uint16_t *)lines(sizeof(uint16_t) * (size_t)(2 * groups * TILE_BF16));
-        if (!wt) failed = 1;
+    uint16_t *xb = room->xb, *wt = room->wt + (int64_t)omp_get_thread_num() * 2 * (room->k / GROUP) * TILE_BF16;
 #pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < padded; r++) bf16_row(x, m, k, r, xb);
-        if (beside) {
+    for (int64_t r = 0; r < padded; r++) bf16_row(x, m, k, r, xb);
+    if (beside) {
 #pragma omp for schedule(static) nowait
-            for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
-        }
-#pragma omp barrier
-        if (wt) configure_tiles();
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
-            if (!wt) continue;
-            int64_t c = 2 * p;
-            dequantize_column(kind, weights + c * column_bytes, groups, wt);
-            if (c + 1 < columns)
-                dequantize_column(kind, weights + (c + 1) * column_bytes, groups, wt + groups * TILE_BF16);
-            else
-                memset(wt + groups * TILE_BF16, 0, sizeof(uint16_t) * (size_t)(groups * TILE_BF16));
-            amx_columns(xb, m, padded, k, wt, c, columns, y, ldy);
-        }
-        if (wt) _tile_release();
-        free(wt);
-        if (beside) {
-#pragma omp for schedule(static)
-            for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
-        }
+        for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
     }
-    free(xb);
-    return failed ? -1 : 0;
+    team_wait(bar);
+    configure_tiles();
+#pragma omp for schedule(static) nowait
+    for (int64_t p = 0; p < pairs; p++) {
+        int64_t c = 2 * p;
+        dequantize_column(kind, weights + c * column_bytes, groups, wt);
+        if (c + 1 < columns)
+            dequantize_column(kind, weights + (c + 1) * column_bytes, groups, wt + groups * TILE_BF16);
+        else
+            memset(wt + groups * TILE_BF16, 0, sizeof(uint16_t) * (size_t)(groups * TILE_BF16));
+        amx_columns(xb, m, padded, k, wt, c, columns, y, ldy);
+    }
+    _tile_release();
+    if (beside) {
+        team_wait(bar);
+#pragma omp for schedule(static) nowait
+        for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
+    }
 }
 #else
 int amx_rows(void) { return 0; }
@@ -769,11 +765,74 @@ int amx_rows(void) { return 0; }
         ROWS_CASE(7, COLUMN, TERMS) ROWS_CASE(8, COLUMN, TERMS)                                            \
     }
 
+/* How long a thread spins at team_wait before it sleeps (TSC ticks: ~20-70 us at
+   1-4 GHz; a product's or attention's imbalance between the threads is a few us),
+   and with more threads than CPUs, where a waiter holds the CPU of the thread it
+   waits for: pure spinning made a drafter-sized forward on 3 threads and 2 CPUs take
+   over a second. */
+#define SPIN_TICKS 70000
+#define CROWDED_SPIN_TICKS 2000
+
+void team_wait(TeamBarrier *bar) {
+    int threads = omp_get_num_threads();
+    if (threads == 1) return;
+    /* Read before arriving: the generation moves on only once every thread has arrived. */
+    int generation = atomic_load_explicit(&bar->generation, memory_order_relaxed);
+    if (atomic_fetch_add_explicit(&bar->arrived, 1, memory_order_acq_rel) == threads - 1) {
+        atomic_store_explicit(&bar->arrived, 0, memory_order_relaxed);
+        atomic_store(&bar->generation, generation + 1);
+        /* A syscall only for a sleeper (libgomp's barrier wakes every time). A waiter
+           counts itself before it sleeps, and its futex wait checks the generation, so
+           either this sees it or it sees the new generation. */
+        if (atomic_load(&bar->sleepers)) syscall(SYS_futex, &bar->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+        return;
+    }
+    static _Atomic int cpus = 0; /* omp_get_num_procs() asks the OS each time */
+    if (!cpus) cpus = omp_get_num_procs();
+    uint64_t until = __rdtsc() + (threads > cpus ? CROWDED_SPIN_TICKS : SPIN_TICKS);
+    while (atomic_load_explicit(&bar->generation, memory_order_acquire) == generation) {
+        if (__rdtsc() < until) {
+            _mm_pause();
+            continue;
+        }
+        atomic_fetch_add(&bar->sleepers, 1);
+        syscall(SYS_futex, &bar->generation, FUTEX_WAIT_PRIVATE, generation, NULL, NULL, 0);
+        atomic_fetch_sub(&bar->sleepers, 1);
+    }
+}
+
+int gemm_room(GemmRoom *room, int64_t rows, int64_t k, int threads) {
+    /* A row's sums padded to an even count (the Q4_K kernel reads them in pairs);
+       the 6-bit layout's groups are of 16. */
+    int64_t stride = k / 16 + 1;
+    *room = (GemmRoom){.rows = rows, .k = k};
+    room->xq = (int8_t *)lines((size_t)(rows * k));
+    room->row_scale = (float *)malloc(sizeof(float) * (size_t)rows);
+    room->sums = (int16_t *)malloc(sizeof(int16_t) * (size_t)(rows * stride));
+    room->terms = malloc(sizeof(Term) * (size_t)(rows * stride));
+    int failed = !room->xq || !room->row_scale || !room->sums || !room->terms;
+#ifdef __AMX_BF16__
+    if (rows >= AMX_ROWS && amx_granted()) {
+        room->xb = (uint16_t *)lines(sizeof(uint16_t) * (size_t)((rows + 31) / 32 * 32 * k));
+        room->wt = (uint16_t *)lines(sizeof(uint16_t) * (size_t)(threads * 2 * (k / GROUP) * TILE_BF16));
+        failed |= !room->xb || !room->wt;
+    }
+#else
+    (void)threads;
+#endif
+    if (failed) gemm_room_free(room);
+    return failed ? -1 : 0;
+}
+
+void gemm_room_free(GemmRoom *room) {
+    free(room->xq), free(room->row_scale), free(room->sums), free(room->terms), free(room->xb), free(room->wt);
+    *room = (GemmRoom){0};
+}
+
 /* x [m, k] float32 times weights [n, k] in layout `kind` (int4_gemm.h) into y [m, ldy]
-   columns 0..n-1; k a multiple of 32, n of 16. Returns 0, or -1 when out of memory
-   or for an unknown layout. */
-int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
-                int64_t ldy, int threads, const Beside *beside) {
+   columns 0..n-1; k a multiple of 32, n of 16; m and k within the room's. */
+int gemm_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+              int64_t ldy, const Beside *beside, const GemmRoom *room, TeamBarrier *bar) {
     int64_t groups = k / GROUP, supers = (groups + SUPER_GROUPS - 1) / SUPER_GROUPS, column_bytes;
     switch (kind) {
     case LAYOUT_Q4_1: column_bytes = groups * Q4_BLOCK_BYTES; break;
@@ -783,63 +842,74 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
     default: return -1;
     }
 #ifdef __AMX_BF16__
-    if (m >= AMX_ROWS && amx_granted())
-        return amx_gemm(kind, x, m, k, weights, column_bytes, n, y, ldy, threads, beside);
+    if (m >= AMX_ROWS && room->xb) {
+        amx_team(kind, x, m, k, weights, column_bytes, n, y, ldy, beside, room, bar);
+        return 0;
+    }
 #endif
-    int64_t width = kind == LAYOUT_Q6_K ? 16 : GROUP, per_row = k / width;
-    /* A row's sums, padded with a zero to an even count: the Q4_K kernel reads them in pairs. */
-    int64_t stride = per_row + per_row % 2;
-    int8_t *xq = (int8_t *)lines((size_t)(m * k));
-    float *row_scale = (float *)malloc(sizeof(float) * (size_t)m);
-    int16_t *sums = (int16_t *)calloc((size_t)(m * stride), sizeof(int16_t));
+    int64_t width = kind == LAYOUT_Q6_K ? 16 : GROUP, per_row = k / width, stride = per_row + per_row % 2;
+    int8_t *xq = room->xq;
+    float *row_scale = room->row_scale;
+    int16_t *sums = room->sums;
     /* What the other layouts' kernels take per row and group from the sums, ready to
        broadcast from memory: Q6_K's -32 sum and Q8_0's -128 sum (int32), Q4_1's sum
        as a float. Each formed in the loop as a broadcast from a general register cost
        its 6-bit kernel 11-13% at 8-64 rows (docs/speed.md). */
-    Term *terms = kind == LAYOUT_Q4_K ? NULL : (Term *)malloc(sizeof(Term) * (size_t)(m * stride));
-    if (!xq || !row_scale || !sums || (kind != LAYOUT_Q4_K && !terms)) {
-        free(xq), free(row_scale), free(sums), free(terms);
-        return -1;
-    }
+    Term *terms = kind == LAYOUT_Q4_K ? NULL : (Term *)room->terms;
     int64_t columns = n / CHANNELS;
     /* The far prefetch (ahead): for long streams only, and not for Q4_1's products
        (the drafter's: its 3-4-row forwards were 3% slower with it). */
     int far = kind != LAYOUT_Q4_1 && columns * column_bytes >= FAR_MIN_BYTES;
-#pragma omp parallel num_threads(threads) /* one fork: the rows' quantization, the columns, what runs beside */
-    {
 #pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < m; r++) {
-            quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * stride, width);
-            if (terms) row_terms(kind, sums + r * stride, per_row, terms + r * stride);
-        }
-        if (beside) {
+    for (int64_t r = 0; r < m; r++) {
+        quantize_row(x + r * k, k, xq + r * k, row_scale + r, sums + r * stride, width);
+        if (stride > per_row) sums[r * stride + per_row] = 0;
+        if (terms) row_terms(kind, sums + r * stride, per_row, terms + r * stride);
+    }
+    if (beside) {
 #pragma omp for schedule(static) nowait
-            for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
-        }
-#pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < columns; c++) {
-            const uint8_t *column = weights + c * column_bytes;
-            for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
-                int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
-                if (kind == LAYOUT_Q4_K) {
-                    ROWS(q4k_column, sums)
-                } else if (kind == LAYOUT_Q6_K) {
-                    ROWS(q6k_column, (const int32_t *)terms)
-                } else if (kind == LAYOUT_Q8_0) {
-                    ROWS(q8_column, (const int32_t *)terms)
-                } else {
-                    ROWS(q4_column, (const float *)terms)
-                }
+        for (int64_t i = 0; i < beside->items; i++) beside->prepare(beside->ctx, i);
+    }
+    team_wait(bar);
+#pragma omp for schedule(static) nowait
+    for (int64_t c = 0; c < columns; c++) {
+        const uint8_t *column = weights + c * column_bytes;
+        for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+            int64_t rows = m - r0 < MAX_ROWS ? m - r0 : MAX_ROWS;
+            if (kind == LAYOUT_Q4_K) {
+                ROWS(q4k_column, sums)
+            } else if (kind == LAYOUT_Q6_K) {
+                ROWS(q6k_column, (const int32_t *)terms)
+            } else if (kind == LAYOUT_Q8_0) {
+                ROWS(q8_column, (const int32_t *)terms)
+            } else {
+                ROWS(q4_column, (const float *)terms)
             }
         }
-        if (beside) {
-#pragma omp for schedule(static)
-            for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
-        }
     }
-    free(xq), free(row_scale), free(sums), free(terms);
+    if (beside) {
+        team_wait(bar);
+#pragma omp for schedule(static) nowait
+        for (int64_t c = 0; c < columns; c++) beside->finish(beside->ctx, c * CHANNELS);
+    }
     return 0;
+}
+
+/* One product on `threads` threads of its own (one fork: the rows' quantization,
+   the columns, what runs beside). Returns 0, or -1 when out of memory or for an
+   unknown layout. */
+int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+                int64_t ldy, int threads, const Beside *beside) {
+    GemmRoom room;
+    if (gemm_room(&room, m, k, threads)) return -1;
+    TeamBarrier bar = {0};
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        if (gemm_team(kind, x, m, k, weights, n, y, ldy, beside, &room, &bar)) failed = 1;
+    }
+    gemm_room_free(&room);
+    return failed ? -1 : 0;
 }
 
 int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,

@@ -28,6 +28,35 @@ enum { LAYOUT_Q4_1 = 3, LAYOUT_Q8_0 = 8, LAYOUT_Q4_K = 12, LAYOUT_Q6_K = 14 };
 
 int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
             int64_t ldy, int threads);
+
+/* A barrier for the threads of the current OpenMP team (all of them call
+   team_wait; outside a parallel region it returns at once). libgomp's own barrier
+   makes a futex syscall each time it opens, and a step's forward passes hundreds of
+   them; this one spins, and sleeps only after a while (int4_gemm.c). Zero-initialized. */
+typedef struct {
+    _Atomic int arrived, generation, sleepers;
+} TeamBarrier;
+void team_wait(TeamBarrier *bar);
+
+/* Room for products of at most `rows` rows and `k` inputs: the rows in int8, their
+   scales, group sums and per-row terms, and on AMX tiles the rows in bf16 and each
+   thread's column of weights (gemm_team allocates nothing, so a team never parts
+   ways over a failed allocation). */
+typedef struct {
+    int64_t rows, k;
+    int8_t *xq;
+    float *row_scale;
+    int16_t *sums;
+    void *terms;
+    uint16_t *xb, *wt; /* AMX only; else NULL */
+} GemmRoom;
+int gemm_room(GemmRoom *room, int64_t rows, int64_t k, int threads); /* 0, or -1 when out of memory */
+void gemm_room_free(GemmRoom *room);
+/* gemm_beside's product run by every thread of the current team (or by one thread
+   outside a parallel region), in room; y is complete only after the caller's next
+   team_wait. Returns -1 for an unknown layout (every thread alike), else 0. */
+int gemm_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+              int64_t ldy, const Beside *beside, const GemmRoom *room, TeamBarrier *bar);
 /* The product with `beside` (NULL: nothing) run along. */
 int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
                 int64_t ldy, int threads, const Beside *beside);
