@@ -765,12 +765,13 @@ int amx_rows(void) { return 0; }
         ROWS_CASE(7, COLUMN, TERMS) ROWS_CASE(8, COLUMN, TERMS)                                            \
     }
 
-/* How long a thread spins at team_wait before it sleeps (TSC ticks: ~20-70 us at
-   1-4 GHz; a product's or attention's imbalance between the threads is a few us),
-   and with more threads than CPUs, where a waiter holds the CPU of the thread it
-   waits for: pure spinning made a drafter-sized forward on 3 threads and 2 CPUs take
-   over a second. */
-#define SPIN_TICKS 70000
+/* How long a thread spins at team_wait before it sleeps (TSC ticks: ~1-3 ms at 1-4
+   GHz): the threads' shares of a target's product can finish tens of us apart, and a
+   sleeper woke late enough to show (with ~20 us, the residual add after a target's
+   down product read 0.10 ms a forward, 0.02 with this: scripts/stack_phases.py). With more threads than CPUs a waiter holds the
+   CPU of the thread it waits for, so it soon sleeps: pure spinning made a
+   drafter-sized forward on 3 threads and 2 CPUs take over a second. */
+#define SPIN_TICKS 3000000
 #define CROWDED_SPIN_TICKS 2000
 
 void team_wait(TeamBarrier *bar) {
