@@ -8,6 +8,13 @@ speculative decoding lossless).
 
     PYTHONPATH=. .venv/bin/python scripts/attention_ab.py --against c7095f9~1
     PYTHONPATH=. .venv/bin/python scripts/attention_ab.py --against HEAD~1 --drafter --contexts 200,1000,2000
+
+With --step: a decoding step's forwards as the engine runs them, after --contexts
+tokens: the target's forward of each --rows, then the drafter's one-token forward
+right after it (its weights come back from memory, as in decoding) and a second one
+(a draft's next token), the builds alternating step by step.
+
+    PYTHONPATH=. .venv/bin/python scripts/attention_ab.py --against HEAD~1 --step --contexts 200 --rows 1,4 --reps 60
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--drafter", action="store_true", help="the bundled drafter's forward, not the target's")
     parser.add_argument("--rows", default="1,5", help="new rows a forward, comma-separated")
+    parser.add_argument("--step", action="store_true", help="a step's target forward, then two drafter forwards")
     args = parser.parse_args()
     rows = [int(n) for n in args.rows.split(",")]
     folder = Path(tempfile.mkdtemp(prefix="kernels-"))
@@ -48,6 +56,11 @@ def main() -> None:
     # Each build's cache: fp16 since the stack kept it so, float32 before.
     fp16 = "uint16_t *kv" in (folder / "decoder_stack.c").read_text()
     dtypes = {args.against: torch.float16 if fp16 else torch.float32, "working tree": torch.float16}
+    if args.step:
+        if not fp16:
+            raise SystemExit(f"--step needs a revision whose cache is fp16, as the working tree's ({args.against}'s is not)")
+        step_times(libs, args.target, [int(c) for c in args.contexts.split(",")], rows, args.reps)
+        return
     if args.drafter:
         net = LeanLlama(load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
                         max_len=8192)
@@ -101,6 +114,35 @@ def main() -> None:
     net.rollback(min(contexts))
     single = torch.cat([net.forward([t])[0] for t in ids[min(contexts):min(contexts) + 5]])
     print("a 5-row block's logits are its rows' one-token steps', bit for bit:", torch.equal(block, single))
+
+
+def step_times(libs: dict, target_name: str, contexts: list[int], rows: list[int], reps: int) -> None:
+    drafter = LeanLlama(load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
+                        max_len=8192)
+    target = load(ModelCatalog().get(target_name), torch.bfloat16, int8=True).runner.net
+    ids = torch.randint(100, 20000, (max(contexts) + 16,), generator=torch.Generator().manual_seed(0)).tolist()
+    for ctx in contexts:
+        for net in (drafter, target):
+            net.reset()
+            net.forward(ids[:ctx], last=1)
+        times = {(name, n, part): [] for n in rows for name in libs for part in ("target", "drafter", "again")}
+        for _ in range(reps):
+            for n in rows:
+                for name, lib in libs.items():
+                    int4._library = lambda isa=None, lib=lib: lib
+                    for part, net, new in (("target", target, ids[ctx:ctx + n]), ("drafter", drafter, ids[ctx:ctx + 1]),
+                                           ("again", drafter, ids[ctx + 1:ctx + 2])):
+                        start = time.perf_counter()
+                        net.forward(new, last=len(new))
+                        times[name, n, part].append(time.perf_counter() - start)
+                    target.rollback(ctx)
+                    drafter.rollback(ctx)
+        print(f"after {ctx} positions, ms (median of {reps}): the target's forward, then the drafter's and its next")
+        for (name, n, part), v in times.items():
+            if part == "target":
+                print(f"  {name:<14} {n} rows {1000 * statistics.median(v):7.2f}", end="")
+            else:
+                print(f"  {part} {1000 * statistics.median(v):6.3f}", end="" if part == "drafter" else "\n")
 
 
 if __name__ == "__main__":
