@@ -561,8 +561,9 @@ void stack_phases(double *out, int reset) {
    The whole stack is one parallel region: its threads split each loop and product
    and meet at a spinning barrier (team_wait) between them. A region a product, as
    before, cost each forward's hundreds of products a fork, a join and libgomp
-   barriers, which make a futex syscall each (a 30-layer drafter forward made ~720;
-   scripts/kernel_ab.py and attention_ab.py, docs/speed.md). */
+   barriers, which make a futex syscall each: a 30-layer forward made 724, now 4, and
+   its cost beside the weights fell from 12 to 5.5 us a layer
+   (scripts/forward_overhead.py; docs/speed.md). */
 int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
                   uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
                   int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm, int threads) {
