@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from kernel_ab import build, int4_at
+from kernel_ab import build, int4_at, sources_at
 from omnidraft.core.models import int4
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.lean_llama import LeanLlama
 from omnidraft.core.models.loader import load
-
-SOURCES = ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py")
 
 
 def main() -> None:
@@ -47,11 +44,7 @@ def main() -> None:
     parser.add_argument("--step", action="store_true", help="a step's target forward, then two drafter forwards")
     args = parser.parse_args()
     rows = [int(n) for n in args.rows.split(",")]
-    folder = Path(tempfile.mkdtemp(prefix="kernels-"))
-    for name in SOURCES:
-        text = subprocess.run(["git", "show", f"{args.against}:core/models/{name}"], capture_output=True,
-                              text=True, check=True).stdout
-        (folder / name).write_text(text)
+    folder = sources_at(args.against, Path(tempfile.mkdtemp(prefix="kernels-")))
     libs = {args.against: build(int4_at(folder), folder), "working tree": int4._library()}
     # Each build's cache: fp16 since the stack kept it so, float32 before.
     fp16 = "uint16_t *kv" in (folder / "decoder_stack.c").read_text()

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from kernel_ab import build, int4_at
+from kernel_ab import build, int4_at, sources_at
 from omnidraft.core.models import int4
 from omnidraft.core.models.lean_llama import LeanLlama
 
@@ -38,11 +37,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     libs = {"working tree": int4._library()}
     if args.against:
-        folder = Path(tempfile.mkdtemp(prefix="kernels-"))
-        for name in ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py"):
-            text = subprocess.run(["git", "show", f"{args.against}:core/models/{name}"], capture_output=True,
-                                  text=True, check=True).stdout
-            (folder / name).write_text(text)
+        folder = sources_at(args.against, Path(tempfile.mkdtemp(prefix="kernels-")))
         against = {args.against: build(int4_at(folder), folder)}
         libs = against if args.alone else {**against, **libs}
     net = LeanLlama(tiny_llama(1024, layers=args.layers), int8=True, int4=True, max_len=4096)

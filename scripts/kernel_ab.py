@@ -58,6 +58,21 @@ def build(module, folder: Path):
     return lib
 
 
+# The kernels' sources and the int4.py that builds and binds them.
+SOURCES = ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py")
+
+
+def sources_at(revision: str, folder: Path) -> Path:
+    """SOURCES as git `revision` holds them, written into folder (a file it lacks,
+    as int4_gemm.h before there was one, left out)."""
+    for name in SOURCES:
+        done = subprocess.run(["git", "show", f"{revision}:core/models/{name}"], cwd=REPO, capture_output=True,
+                              check=False)
+        if done.returncode == 0:
+            (folder / name).write_bytes(done.stdout)
+    return folder
+
+
 def int4_at(folder: Path):
     """The int4.py in `folder` as a module of its own (its packers), beside the
     working tree's."""
@@ -186,12 +201,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=0, help="time a prompt read of this many tokens instead")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp)
-        for name in ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py"):
-            done = subprocess.run(["git", "show", f"{args.against}:core/models/{name}"], cwd=REPO,
-                                  capture_output=True, check=False)
-            if done.returncode == 0:
-                (old / name).write_bytes(done.stdout)
+        old = sources_at(args.against, Path(tmp))
         modules = {args.against: int4_at(old), "working tree": int4}
         libs = {args.against: build(modules[args.against], old), "working tree": build(int4, HERE)}
     if args.gemm:

@@ -104,8 +104,9 @@ class Drafter:
         # Built here (the byte table takes ~0.25 s for SmolLM2 the first time), not
         # in the middle of a reply.
         self._ws_tokens = {i: b for i, b in enumerate(token_bytes(self.tokenizer)) if b and b[0] in _WHITESPACE}
-        # ... grouped by their leading whitespace, for _heal_mask: a new held text
-        # checked token by token took ~18 ms (half of SmolLM2's words start with a space).
+        # ... grouped by their leading whitespace, for _heal_mask: checked token by token,
+        # a new held text cost a pass over half of SmolLM2's vocabulary (its words that
+        # start with a space).
         self._ws_leads: dict[bytes, list[int]] = {}
         for i, b in self._ws_tokens.items():
             self._ws_leads.setdefault(_leading_whitespace(b), []).append(i)

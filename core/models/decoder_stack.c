@@ -242,36 +242,46 @@ static void extra_finish(void *ctx, int64_t o0) {
 }
 
 /* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias), by the current team (the
-   caller's next team_wait completes y); t: room for x A^T. */
-static int project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy,
-                   const GemmRoom *room, float *t, TeamBarrier *bar) {
+   caller's next team_wait completes y); t: room for x A^T. The layout is one
+   gemm_team knows (scan_layers checked), so every thread runs it. */
+static void project(const Projection *p, const float *x, int64_t n, int64_t k, float *y, int64_t ldy,
+                    const GemmRoom *room, float *t, TeamBarrier *bar) {
     int kind = (int)p->kind;
-    if (!p->lora_a && !p->bias) return gemm_team(kind, x, n, k, p->packed, p->out, y, ldy, NULL, room, bar);
+    if (!p->lora_a && !p->bias) {
+        gemm_team(kind, x, n, k, p->packed, p->out, y, ldy, NULL, room, bar);
+        return;
+    }
     int64_t width = p->lora_a ? p->parts * p->rank : 0;
     Extra extra = {p, x, y, t, n, k, ldy};
     Beside beside = {width ? (n >= 8 ? (n + 3) / 4 : width) : 0, extra_prepare, extra_finish, &extra};
-    return gemm_team(kind, x, n, k, p->packed, p->out, y, ldy, &beside, room, bar);
+    gemm_team(kind, x, n, k, p->packed, p->out, y, ldy, &beside, room, bar);
 }
 
-/* The parts of one projection side by side into y [n, width]. */
-static int project_parts(const Projection *parts, int count, const float *x, int64_t n, int64_t k, float *y,
-                         int64_t width, const GemmRoom *room, float *t, TeamBarrier *bar) {
+/* The parts of one projection side by side into y [n, width], complete when every
+   thread has returned. */
+static void project_parts(const Projection *parts, int count, const float *x, int64_t n, int64_t k, float *y,
+                          int64_t width, const GemmRoom *room, float *t, TeamBarrier *bar) {
     for (int64_t i = 0, col = 0; i < count && parts[i].out; col += parts[i].out, i++) {
-        if (i) team_wait(bar); /* the parts share the room's rows and t */
-        if (project(parts + i, x, n, k, y + col, width, room, t, bar)) return -1;
+        project(parts + i, x, n, k, y + col, width, room, t, bar);
+        team_wait(bar); /* the parts share the room's rows and t, and the caller reads y */
     }
-    return 0;
 }
 
-/* The widest x A^T of the layers' adapters, per row (0: none). */
-static int64_t adapter_width(const Layer *layers, int64_t n_layers) {
+/* What a forward needs to know of its layers before its threads start: the widest
+   x A^T of their adapters, per row (0: none), or -1 where a projection's layout is
+   not one of the products' (checked here, not by each thread of the team). */
+static int64_t scan_layers(const Layer *layers, int64_t n_layers) {
     int64_t widest = 0;
     for (int64_t l = 0; l < n_layers; l++) {
         const Layer *L = layers + l;
         const Projection *all[7] = {L->qkv, L->qkv + 1, L->qkv + 2, &L->o, L->gate_up, L->gate_up + 1, &L->down};
-        for (int i = 0; i < 7; i++)
-            if (all[i]->out && all[i]->lora_a && all[i]->parts * all[i]->rank > widest)
-                widest = all[i]->parts * all[i]->rank;
+        for (int i = 0; i < 7; i++) {
+            const Projection *p = all[i];
+            if (!p->out) continue;
+            if (p->kind != LAYOUT_Q4_1 && p->kind != LAYOUT_Q4_K && p->kind != LAYOUT_Q6_K && p->kind != LAYOUT_Q8_0)
+                return -1;
+            if (p->lora_a && p->parts * p->rank > widest) widest = p->parts * p->rank;
+        }
     }
     return widest;
 }
@@ -290,9 +300,6 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
-/* e^x for VW floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
-   times 2^n; relative error ~1e-7). The loops' scalar expf cost more than the
-   4-bit products of a one-token step. */
 /* A new row's RoPE on its query and key heads, and its keys and values into the
    cache (fp16) at position pos. */
 static void rope_and_store(float *row, const float *c, const float *s, int64_t n_heads, int64_t n_kv, int64_t d,
@@ -305,6 +312,9 @@ static void rope_and_store(float *row, const float *c, const float *s, int64_t n
         }
 }
 
+/* e^x for VW floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
+   times 2^n; relative error ~1e-7). The loops' scalar expf cost more than the
+   4-bit products of a one-token step. */
 static inline vec vexp(vec x) {
     x = vmax(vmin(x, vset1(88.0f)), vset1(-88.0f));
     vec n = vround(vmul(x, vset1(1.44269504088896341f)));
@@ -528,7 +538,6 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
     }
 }
 
-
 #ifdef STACK_PHASES
 /* Seconds each phase of the layers' loop took, summed over calls: what
    scripts/stack_phases.py builds with -DSTACK_PHASES to show where a forward's time
@@ -552,12 +561,12 @@ void stack_phases(double *out, int reset) {
 #define PHASES_START
 #endif
 
-/* Returns 0, or -1 when out of memory. hidden and the MLP width: multiples of 32 (the
-   products' groups); head_dim a multiple of 16, at most MAX_HEAD_DIM. Every loop
-   computes a row the same way whatever rows run beside it and whichever thread runs
-   it, so a row's bits do not depend on the block it comes in (a verification's rows
-   are a step's). final_norm (NULL: none): the weights of the norm the last `needed`
-   rows then get in place.
+/* Returns 0, or -1 when out of memory or for a layout the products do not know.
+   hidden and the MLP width: multiples of 32 (the products' groups); head_dim a
+   multiple of 16, at most MAX_HEAD_DIM. Every loop computes a row the same way
+   whatever rows run beside it and whichever thread runs it, so a row's bits do not
+   depend on the block it comes in (a verification's rows are a step's). final_norm
+   (NULL: none): the weights of the norm the last `needed` rows then get in place.
    The whole stack is one parallel region: its threads split each loop and product
    and meet at a spinning barrier (team_wait) between them. A region a product, as
    before, cost each forward's hundreds of products a fork, a join and libgomp
@@ -573,11 +582,11 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
     float *att = lines(sizeof(float) * (size_t)(n * n_heads * d));
     float *gu = lines(sizeof(float) * (size_t)(n * 2 * inter));
     float *act = lines(sizeof(float) * (size_t)(n * inter));
-    int64_t widest_in = hidden > inter ? hidden : inter, t_width = adapter_width(layers, n_layers);
+    int64_t widest_in = hidden > inter ? hidden : inter, t_width = scan_layers(layers, n_layers);
     if (n_heads * d > widest_in) widest_in = n_heads * d;
-    float *t_room = t_width ? malloc(sizeof(float) * (size_t)(n * t_width)) : NULL;
+    float *t_room = t_width > 0 ? malloc(sizeof(float) * (size_t)(n * t_width)) : NULL;
     GemmRoom room;
-    int failed = !h || !qkv || !att || !gu || !act || (t_width && !t_room) || d > MAX_HEAD_DIM;
+    int failed = !h || !qkv || !att || !gu || !act || t_width < 0 || (t_width > 0 && !t_room) || d > MAX_HEAD_DIM;
     failed |= gemm_room(&room, n, widest_in, threads) != 0; /* (room stays freeable either way) */
     float scale = 1.0f / sqrtf((float)d);
     /* Attention's tasks: per key/value head, its query heads in chunks, and the rows
@@ -594,7 +603,6 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
     float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
     failed |= !score_room || !sum_room || !wide_room;
     TeamBarrier bar = {0};
-    _Atomic int unknown_layout = 0;
     if (!failed) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
@@ -613,12 +621,7 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                 for (int64_t r = 0; r < n; r++) rms_norm_row(x + r * hidden, L->norm1, eps, hidden, h + r * hidden);
                 team_wait(&bar);
                 PHASE(0);
-                /* A layout gemm_team does not know fails on every thread alike, so all leave together. */
-                if (project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, &room, t_room, &bar)) {
-                    unknown_layout = 1;
-                    break;
-                }
-                team_wait(&bar);
+                project_parts(L->qkv, 3, h, n, hidden, qkv, qkv_width, &room, t_room, &bar);
                 PHASE(1);
 #pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < n; r++)
@@ -629,7 +632,8 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
 #pragma omp for schedule(static) nowait
                 for (int64_t t = 0; t < n_kv * chunks * blocks; t++) {
                     int64_t j = t / (chunks * blocks), c = t / blocks % chunks, r0 = first + t % blocks * ATT_ROWS;
-                    int64_t h0 = j * group + c * chunk, h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
+                    int64_t h0 = j * group + c * chunk;
+                    int64_t h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
                     if (h0 < h1)
                         attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
                                      keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, wide,
@@ -640,11 +644,7 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                 int64_t m = n - first; /* rows [first, n) from here on */
                 if (m == 0) break;
                 float *xm = x + first * hidden, *hm = h + first * hidden;
-                if (project(&L->o, att + first * n_heads * d, m, n_heads * d, hm, hidden, &room, t_room, &bar)) {
-                    unknown_layout = 1;
-                    break;
-                }
-                team_wait(&bar);
+                project_parts(&L->o, 1, att + first * n_heads * d, m, n_heads * d, hm, hidden, &room, t_room, &bar);
                 PHASE(4);
 #pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < m; r++) {
@@ -653,11 +653,7 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                 }
                 team_wait(&bar);
                 PHASE(5);
-                if (project_parts(L->gate_up, 2, hm, m, hidden, gu, 2 * inter, &room, t_room, &bar)) {
-                    unknown_layout = 1;
-                    break;
-                }
-                team_wait(&bar);
+                project_parts(L->gate_up, 2, hm, m, hidden, gu, 2 * inter, &room, t_room, &bar);
                 PHASE(6);
                 /* By pieces of each row, so a step's rows split between the threads too: on one
                    thread the target's SiLU took 0.13 ms of a one-token step and 0.97 of a 4-row
@@ -671,11 +667,7 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                 }
                 team_wait(&bar);
                 PHASE(7);
-                if (project(&L->down, act, m, inter, hm, hidden, &room, t_room, &bar)) {
-                    unknown_layout = 1;
-                    break;
-                }
-                team_wait(&bar);
+                project_parts(&L->down, 1, act, m, inter, hm, hidden, &room, t_room, &bar);
                 PHASE(8);
 #pragma omp for schedule(static) nowait
                 for (int64_t r = 0; r < m; r++) add_row(xm + r * hidden, hm + r * hidden, hidden);
@@ -684,7 +676,6 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
             }
         }
     }
-    failed |= unknown_layout;
     /* The model's final norm on the rows read, in place: as a torch op after the call it
        cost a drafted token 0.2 ms, its code and data cold after the weights' stream. */
     if (final_norm && !failed)

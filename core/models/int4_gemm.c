@@ -145,8 +145,9 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
    (scripts/attention_ab.py --rows, scripts/kernel_ab.py --gemm; docs/speed.md).
    The near prefetch is non-temporal: weights read once a forward need not displace
    what is read again (the KV caches, the activations, the other model's last
-   layers); on the Zen 4 EPYC a drafter forward right after a target step 3-7%
-   faster, a 200-token prompt read up to 8%, the target's step within 2% (docs/speed.md). */
+   layers); on the Zen 4 EPYC a drafter forward right after a target step 2-5%
+   cheaper, the target's step within the noise (scripts/attention_ab.py --step;
+   docs/speed.md). */
 #define PREFETCH 4096
 #define FAR 16384
 #define FAR_MIN_BYTES (4 << 20) /* smaller products: the far prefetch runs mostly past their end */
@@ -770,11 +771,12 @@ int amx_rows(void) { return 0; }
     }
 
 /* How long a thread spins at team_wait before it sleeps (TSC ticks: ~1-3 ms at 1-4
-   GHz): the threads' shares of a target's product can finish tens of us apart, and a
-   sleeper woke late enough to show (with ~20 us, the residual add after a target's
-   down product read 0.10 ms a forward, 0.02 with this: scripts/stack_phases.py). With more threads than CPUs a waiter holds the
-   CPU of the thread it waits for, so it soon sleeps: pure spinning made a
-   drafter-sized forward on 3 threads and 2 CPUs take over a second. */
+   GHz): the threads' shares of a target's product can finish tens of us apart, and
+   a sleeper wakes late enough to show (with ~20 us, the residual add after a
+   target's down product read 0.10 ms a forward, 0.02 with this:
+   scripts/stack_phases.py). With more threads than CPUs a waiter holds the CPU of
+   the thread it waits for, so it soon sleeps: pure spinning stalled such a forward
+   for whole scheduler slices. */
 #define SPIN_TICKS 3000000
 #define CROWDED_SPIN_TICKS 2000
 
@@ -789,7 +791,8 @@ void team_wait(TeamBarrier *bar) {
         /* A syscall only for a sleeper (libgomp's barrier wakes every time). A waiter
            counts itself before it sleeps, and its futex wait checks the generation, so
            either this sees it or it sees the new generation. */
-        if (atomic_load(&bar->sleepers)) syscall(SYS_futex, &bar->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+        if (atomic_load(&bar->sleepers))
+            syscall(SYS_futex, &bar->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
         return;
     }
     static _Atomic int cpus = 0; /* omp_get_num_procs() asks the OS each time */
