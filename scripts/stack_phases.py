@@ -10,6 +10,7 @@ seconds; the shipped build compiles none of that) and times --reps forwards.
 
     PYTHONPATH=. .venv/bin/python scripts/stack_phases.py --context 200 --rows 1,4
     PYTHONPATH=. .venv/bin/python scripts/stack_phases.py --context 200 --prompt
+    PYTHONPATH=. .venv/bin/python scripts/stack_phases.py --context 3000 --rows 1,4
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main() -> None:
     int4._library.cache_clear()
     lib = int4._library()
     lib.stack_phases.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    nets = prompt_nets()
+    nets = prompt_nets(max_len=max(1024, args.context + 64))
     drafter, target = Timed(nets["drafter"]), Timed(nets["target"])
     context = list(range(1000, 1000 + args.context))
     end = len(context)

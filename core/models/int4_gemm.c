@@ -924,3 +924,189 @@ int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weigh
             int threads) {
     return gemm_beside(kind, x, m, k, weights, n, y, ldy, threads, NULL);
 }
+
+/* The LM head's 6-bit weights laid out for greedy decoding (LAYOUT_Q6_SPLIT; int4.py,
+   Q6.split): first, for every 16 channels and 32 inputs, each q's high 4 bits (q >> 2)
+   as nibbles in Q6_K's order and its two fp16 scales (SPLIT_FIRST bytes); after all
+   of those, each q's low 2 bits (q & 3) as pairs in Q6_K's order (SPLIT_PAIRS bytes).
+   A greedy step reads the first part whole, as a proxy whose weights are off by at
+   most 1.5 steps of their scale, and the pairs only for the 16 tokens at a time that
+   may be the row's largest (q6_split_gemm). */
+#define SPLIT_FIRST 320
+#define SPLIT_PAIRS 128
+
+#ifdef __AVX512VNNI__
+/* Register 4s + f of a group's high 4 bits (as six_bit_register's q, without its
+   low 2 bits). */
+static inline __attribute__((always_inline)) __m512i split_high(const uint8_t *a, int s, int f) {
+    __m512i v = _mm512_loadu_si512((const void *)(a + 64 * f));
+    return _mm512_and_si512(s ? _mm512_srli_epi16(v, 4) : v, _mm512_set1_epi8(0x0F));
+}
+
+/* Register 4s + f of a group's q (0..63): its high 4 bits from the first part, its
+   low 2 from the pairs. */
+static inline __attribute__((always_inline)) __m512i split_six_bits(const uint8_t *a, const uint8_t *p, int s, int f) {
+    __m512i hb = _mm512_loadu_si512((const void *)(p + 64 * s));
+    __m512i low = f == 0 ? hb : f == 1 ? _mm512_srli_epi16(hb, 2) : f == 2 ? _mm512_srli_epi16(hb, 4)
+                                                                           : _mm512_srli_epi16(hb, 6);
+    return _mm512_or_si512(_mm512_slli_epi16(split_high(a, s, f), 2), _mm512_and_si512(low, _mm512_set1_epi8(0x03)));
+}
+
+/* A column exactly: q6k_column's integers and float steps, so its bits. */
+static inline __attribute__((always_inline)) void split_exact_column(
+    const uint8_t *first, const uint8_t *pairs, int64_t groups, const int8_t *xq, const int32_t *part_shift,
+    int64_t stride, const float *row_scale, int64_t k, int rows, float *y, int64_t ldy) {
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *a = first + g * SPLIT_FIRST, *p = pairs + g * SPLIT_PAIRS;
+        ahead(a, SPLIT_FIRST, 0), ahead(p, SPLIT_PAIRS, 0);
+        for (int s = 0; s < 2; s++) {
+            __m512i d[MAX_ROWS];
+            for (int r = 0; r < rows; r++) d[r] = _mm512_set1_epi32(part_shift[r * stride + 2 * g + s]);
+            for (int f = 0; f < 4; f++)
+                dots_rows(d, rows, split_six_bits(a, p, s, f), (const int32_t *)(xq + g * GROUP), k / 4, 4 * s + f);
+            __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + 256 + 32 * s)));
+            for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), sc, acc[r]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        _mm512_storeu_ps(y + r * ldy, _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r])));
+}
+
+/* A column's proxy: per part, 2 sum(x (4 high + 1.5 - 32)) = 8 sum(x high) - 61 sum(x)
+   exactly in integers (shift61: -61 sum(x)), times half the scale; and the bound on
+   how far the exact value can be, 1.5 |scale| sum|x| per part (l1: sum|x|), made
+   safe for both sums' float rounding (at most ~1e-4 of it over 96 parts). Writes
+   proxy + bound to y and keeps each row's largest proxy - bound in low. */
+static inline __attribute__((always_inline)) void split_proxy_column(
+    const uint8_t *first, int64_t groups, const int8_t *xq, const int32_t *shift61, const float *l1, int64_t stride,
+    const float *row_scale, int64_t k, int rows, float *y, int64_t ldy, float *low) {
+    __m512 acc[MAX_ROWS], bound[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = bound[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *a = first + g * SPLIT_FIRST;
+        ahead(a, SPLIT_FIRST, 0);
+        for (int s = 0; s < 2; s++) {
+            __m512i d[MAX_ROWS];
+            for (int r = 0; r < rows; r++) d[r] = _mm512_setzero_si512();
+            for (int f = 0; f < 4; f++)
+                dots_rows(d, rows, split_high(a, s, f), (const int32_t *)(xq + g * GROUP), k / 4, 4 * s + f);
+            __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + 256 + 32 * s)));
+            __m512 half = _mm512_mul_ps(sc, _mm512_set1_ps(0.5f)), size = _mm512_abs_ps(sc);
+            for (int r = 0; r < rows; r++) {
+                __m512i twice = _mm512_add_epi32(_mm512_slli_epi32(d[r], 3),
+                                                 _mm512_set1_epi32(shift61[r * stride + 2 * g + s]));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(twice), half, acc[r]);
+                bound[r] = _mm512_fmadd_ps(size, _mm512_set1_ps(l1[r * stride + 2 * g + s]), bound[r]);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        __m512 proxy = _mm512_mul_ps(acc[r], _mm512_set1_ps(row_scale[r]));
+        __m512 b = _mm512_fmadd_ps(_mm512_abs_ps(proxy), _mm512_set1_ps(1e-5f),
+                                   _mm512_mul_ps(bound[r], _mm512_set1_ps(1.5f * 1.001f * row_scale[r])));
+        _mm512_storeu_ps(y + r * ldy, _mm512_add_ps(proxy, b));
+        float least = _mm512_reduce_max_ps(_mm512_sub_ps(proxy, b));
+        if (least > low[r]) low[r] = least;
+    }
+}
+
+#define SPLIT_ROWS(CALL)                                                                                   \
+    switch (rows) {                                                                                        \
+    case 1: CALL(1); break;                                                                                \
+    case 2: CALL(2); break;                                                                                \
+    case 3: CALL(3); break;                                                                                \
+    case 4: CALL(4); break;                                                                                \
+    case 5: CALL(5); break;                                                                                \
+    case 6: CALL(6); break;                                                                                \
+    case 7: CALL(7); break;                                                                                \
+    default: CALL(8); break;                                                                               \
+    }
+#define EXACT(R)                                                                                           \
+    split_exact_column(first + c * groups * SPLIT_FIRST, pairs + c * groups * SPLIT_PAIRS, groups, xq + r0 * k, \
+                       shift32 + r0 * stride, stride, room.row_scale + r0, k, R, y + r0 * n + c * CHANNELS, n)
+#define PROXY(R)                                                                                           \
+    split_proxy_column(first + c * groups * SPLIT_FIRST, groups, xq + r0 * k, shift61 + r0 * stride,       \
+                       l1 + r0 * stride, stride, room.row_scale + r0, k, R, y + r0 * n + c * CHANNELS, n,  \
+                       low + me * m + r0)
+#endif
+
+int q6_split_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int greedy,
+                  int threads) {
+#ifndef __AVX512VNNI__
+    (void)x, (void)m, (void)k, (void)weights, (void)n, (void)y, (void)greedy, (void)threads;
+    return -2; /* the split layout's kernels are AVX-512's only (int4.py never lays a head out so elsewhere) */
+#else
+    int64_t groups = k / GROUP, parts = k / 16, stride = parts + parts % 2, columns = n / CHANNELS;
+    const uint8_t *first = weights, *pairs = weights + columns * groups * SPLIT_FIRST;
+    GemmRoom room;
+    if (gemm_room(&room, m, k, threads)) return -1;
+    int8_t *xq = room.xq;
+    int32_t *shift32 = (int32_t *)room.terms, *shift61 = malloc(sizeof(int32_t) * (size_t)(m * stride));
+    float *l1 = malloc(sizeof(float) * (size_t)(m * stride)), *low = malloc(sizeof(float) * (size_t)(threads * m));
+    float *best_low = malloc(sizeof(float) * (size_t)m);
+    int32_t *list = malloc(sizeof(int32_t) * (size_t)columns);
+    int64_t count = columns;
+    int failed = !shift61 || !l1 || !low || !best_low || !list;
+    if (!failed) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            int me = omp_get_thread_num();
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < m; r++) {
+                quantize_row(x + r * k, k, xq + r * k, room.row_scale + r, room.sums + r * stride, 16);
+                for (int64_t j = 0; j < stride; j++) {
+                    int32_t sum = j < parts ? room.sums[r * stride + j] : 0, size = 0;
+                    for (int64_t i = 0; j < parts && i < 16; i++) size += abs(xq[r * k + 16 * j + i]);
+                    shift32[r * stride + j] = -32 * sum, shift61[r * stride + j] = -61 * sum;
+                    l1[r * stride + j] = (float)size;
+                }
+            }
+            if (greedy) {
+                for (int64_t r = 0; r < m; r++) low[me * m + r] = -INFINITY;
+#pragma omp for schedule(static)
+                for (int64_t c = 0; c < columns; c++)
+                    for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+                        int rows = m - r0 < MAX_ROWS ? (int)(m - r0) : MAX_ROWS;
+                        SPLIT_ROWS(PROXY)
+                    }
+#pragma omp single
+                {
+                    /* Each row's best proxy - bound: no token whose proxy + bound falls
+                       below it can be the row's largest. */
+                    for (int64_t r = 0; r < m; r++) {
+                        best_low[r] = -INFINITY;
+                        for (int t = 0; t < omp_get_num_threads(); t++)
+                            if (low[t * m + r] > best_low[r]) best_low[r] = low[t * m + r];
+                    }
+                    count = 0;
+                    for (int64_t c = 0; c < columns; c++) {
+                        int reach = 0;
+                        for (int64_t r = 0; r < m && !reach; r++) {
+                            __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(y + r * n + c * CHANNELS),
+                                                               _mm512_set1_ps(best_low[r]), _CMP_GE_OQ);
+                            reach = hit != 0;
+                        }
+                        if (reach) list[count++] = (int32_t)c;
+                    }
+                }
+            } else {
+#pragma omp for schedule(static)
+                for (int64_t c = 0; c < columns; c++) list[c] = (int32_t)c;
+            }
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < count; i++) {
+                int64_t c = list[i];
+                for (int64_t r0 = 0; r0 < m; r0 += MAX_ROWS) {
+                    int rows = m - r0 < MAX_ROWS ? (int)(m - r0) : MAX_ROWS;
+                    SPLIT_ROWS(EXACT)
+                }
+            }
+        }
+    }
+    free(shift61), free(l1), free(low), free(best_low), free(list);
+    gemm_room_free(&room);
+    return failed ? -1 : (int)count;
+#endif
+}
