@@ -20,7 +20,8 @@ the union of their columns), and the bytes a forward's head would read against
 the whole head's. The bound is checked against the real difference at every row.
 Then what the built head (int4.GreedyHead, the engine's for such a target since
 Dec 6) gives: ms a target forward of one reply token and of the reply's next 5
-tokens, the head called whole and greedy, alternating (step_times).
+tokens with the Q6_K layout's head, the split layout's called whole, and greedy,
+in turn (step_times).
 
     PYTHONPATH=. .venv/bin/python scripts/head_bound.py --prompts ../shared/eval/dev.jsonl
 """
@@ -74,12 +75,18 @@ def head_rows(loaded, prompts: list[str], tokens: int) -> tuple[torch.Tensor, li
     return torch.cat(rows), texts
 
 
-def step_times(net, texts: list[list[int]], tokens: int, block: int) -> None:
+def step_times(net, q6: int4.Q6, texts: list[list[int]], tokens: int, block: int) -> None:
     """ms a target forward of one reply token, and of a block of the reply's next
-    `block` tokens (a verification whose drafts were all right), with the head
-    called whole and greedy (int4.GreedyHead, where the model has one), the two
-    alternating; whether their argmaxes agree."""
-    times = {(rows, greedy): [] for rows in (1, block) for greedy in (False, True)}
+    `block` tokens (a verification whose drafts were all right), with three heads
+    in turn: the Q6_K layout's (int4.Int6Linear, the head until Dec 6), the split
+    layout's called whole (int4.GreedyHead, as sampling calls it) and greedy; and
+    whether all three give the same argmaxes."""
+    split = net.head
+    if not isinstance(split, int4.GreedyHead):
+        raise SystemExit(f"the target's head is {type(split).__name__}, not a GreedyHead (AVX-512 VNNI only)")
+    heads = {"Q6_K layout": (int4.Int6Linear(torch.nn.Linear(q6.q.shape[1], q6.q.shape[0], bias=False), q6), False),
+             "split, whole": (split, False), "split, greedy": (split, True)}
+    times = {(rows, name): [] for rows in (1, block) for name in heads}
     agree = total = 0
     for ids in texts:
         start = len(ids) - tokens
@@ -88,19 +95,21 @@ def step_times(net, texts: list[list[int]], tokens: int, block: int) -> None:
         for at in range(start, len(ids) - block):
             for rows in (1, block):
                 tops = []
-                for greedy in ((False, True) if at % 2 else (True, False)):
+                for name, (head, greedy) in heads.items():
+                    net.head = head
                     net.rollback(at)
                     began = time.perf_counter()
                     logits, _ = net.forward(ids[at:at + rows], greedy=greedy)
-                    times[rows, greedy].append(time.perf_counter() - began)
+                    times[rows, name].append(time.perf_counter() - began)
                     tops.append(logits.argmax(-1))
-                agree += int(torch.equal(*tops))
+                agree += int(all(torch.equal(tops[0], top) for top in tops))
                 total += 1
-    print(f"head {type(net.head).__name__}: ms a forward (median), whole / greedy; argmaxes the same in {agree} "
-          f"of {total} forwards")
+    net.head = split
+    print(f"ms a target forward (median), by head: {' / '.join(heads)}; argmaxes the same in {agree} of {total}")
     for rows in (1, block):
-        whole, greedy = (1000 * statistics.median(times[rows, g]) for g in (False, True))
-        print(f"  {rows} row{'s' * (rows > 1)}: {whole:.2f} / {greedy:.2f} ({greedy / whole - 1:+.1%})")
+        q6k, whole, greedy = (1000 * statistics.median(times[rows, name]) for name in heads)
+        print(f"  {rows} row{'s' * (rows > 1)}: {q6k:.2f} / {whole:.2f} / {greedy:.2f} "
+              f"(greedy {greedy / q6k - 1:+.1%} against the Q6_K layout's)")
 
 
 def main() -> None:
@@ -145,7 +154,7 @@ def main() -> None:
         print(f"columns left {label}: median {c.median():.0f}, mean {c.mean():.0f}, "
               f"90th percentile {c.quantile(0.9):.0f} of {n // COLUMN}; the head would read "
               f"{read / 1e6:.0f} MB a forward on average against {whole / 1e6:.0f} ({read / whole:.0%})")
-    step_times(loaded.runner.net, texts, args.tokens, args.block)
+    step_times(loaded.runner.net, q6, texts, args.tokens, args.block)
 
 
 if __name__ == "__main__":
