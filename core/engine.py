@@ -541,7 +541,7 @@ class Engine:
                 if should_stop():
                     break
                 t0 = time.perf_counter()
-                token = int(cache.forward([token], 1, greedy=True)[0][-1].argmax())  # as a plain step picks
+                token = int(cache.forward([token], 1)[0][-1].argmax())  # as a plain step picks
                 steps.append(time.perf_counter() - t0)
         finally:
             cache.rollback(start)

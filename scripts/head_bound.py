@@ -13,15 +13,16 @@ quantizes it, int8 per row); then read exactly only the 16-token columns where s
 token's proxy plus that bound reaches the best proxy minus its bound: no other
 token can be the argmax, so the argmax would be the full head's, bit for bit.
 
-This prints what that reads, from the weights alone: over the greedy replies of
+This prints what that would read, from the weights alone: over the greedy replies of
 --limit dev prompts (--tokens each, raw completions), the tokens and 16-token
 columns left per decoding row, the same for 5-row blocks (a verification's rows:
 the union of their columns), and the bytes a forward's head would read against
 the whole head's. The bound is checked against the real difference at every row.
-Then what the built head (int4.GreedyHead, the engine's for such a target since
-Dec 6) gives: ms a target forward of one reply token and of the reply's next 5
-tokens with the Q6_K layout's head, the split layout's called whole, and greedy,
-in turn (step_times).
+Such a head was built (int4.GreedyHead, commit 4251f4c) and taken out again: this
+script at d6bcc27 also times a target forward with the Q6_K layout's head, the
+split layout's called whole and greedy: a one-token step 6.1% cheaper greedy, a
+5-row verification only 0.5%, and the whole head from the split layout 2.6% dearer
+at 5 rows (docs/speed.md, "A greedy LM head").
 
     PYTHONPATH=. .venv/bin/python scripts/head_bound.py --prompts ../shared/eval/dev.jsonl
 """
@@ -30,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import statistics
-import time
 
 import torch
 from drafter_head import dev_prompts
@@ -57,59 +56,18 @@ def head_q6(entry) -> int4.Q6:
         return int4.read_q6_k(buffer, tensor.offset, n, k)
 
 
-def head_rows(loaded, prompts: list[str], tokens: int) -> tuple[torch.Tensor, list[list[int]]]:
-    """The head's input at each greedy decoding step of each prompt's reply, and
-    each prompt's ids followed by its reply."""
-    net, rows, texts = loaded.runner.net, [], []
+def head_rows(loaded, prompts: list[str], tokens: int) -> torch.Tensor:
+    """The head's input at each greedy decoding step of each prompt's reply."""
+    net, rows = loaded.runner.net, []
     for prompt in prompts:
         net.reset()
-        ids = loaded.tokenizer(prompt)["input_ids"]
-        logits, _ = net.forward(ids, last=1)
+        logits, _ = net.forward(loaded.tokenizer(prompt)["input_ids"], last=1)
         token = int(logits[-1].argmax())
         for _ in range(tokens):
-            ids = ids + [token]
             logits, h = net.forward([token])
             rows.append(h.float())
             token = int(logits[-1].argmax())
-        texts.append(ids)
-    return torch.cat(rows), texts
-
-
-def step_times(net, q6: int4.Q6, texts: list[list[int]], tokens: int, block: int) -> None:
-    """ms a target forward of one reply token, and of a block of the reply's next
-    `block` tokens (a verification whose drafts were all right), with three heads
-    in turn: the Q6_K layout's (int4.Int6Linear, the head until Dec 6), the split
-    layout's called whole (int4.GreedyHead, as sampling calls it) and greedy; and
-    whether all three give the same argmaxes."""
-    split = net.head
-    if not isinstance(split, int4.GreedyHead):
-        raise SystemExit(f"the target's head is {type(split).__name__}, not a GreedyHead (AVX-512 VNNI only)")
-    heads = {"Q6_K layout": (int4.Int6Linear(torch.nn.Linear(q6.q.shape[1], q6.q.shape[0], bias=False), q6), False),
-             "split, whole": (split, False), "split, greedy": (split, True)}
-    times = {(rows, name): [] for rows in (1, block) for name in heads}
-    agree = total = 0
-    for ids in texts:
-        start = len(ids) - tokens
-        net.reset()
-        net.forward(ids[:start], last=1)
-        for at in range(start, len(ids) - block):
-            for rows in (1, block):
-                tops = []
-                for name, (head, greedy) in heads.items():
-                    net.head = head
-                    net.rollback(at)
-                    began = time.perf_counter()
-                    logits, _ = net.forward(ids[at:at + rows], greedy=greedy)
-                    times[rows, name].append(time.perf_counter() - began)
-                    tops.append(logits.argmax(-1))
-                agree += int(all(torch.equal(tops[0], top) for top in tops))
-                total += 1
-    net.head = split
-    print(f"ms a target forward (median), by head: {' / '.join(heads)}; argmaxes the same in {agree} of {total}")
-    for rows in (1, block):
-        q6k, whole, greedy = (1000 * statistics.median(times[rows, name]) for name in heads)
-        print(f"  {rows} row{'s' * (rows > 1)}: {q6k:.2f} / {whole:.2f} / {greedy:.2f} "
-              f"(greedy {greedy / q6k - 1:+.1%} against the Q6_K layout's)")
+    return torch.cat(rows)
 
 
 def main() -> None:
@@ -122,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     entry = ModelCatalog().get(args.target)
     loaded = load(entry, torch.bfloat16, int8=True)
-    x, texts = head_rows(loaded, dev_prompts(args.prompts)[: args.limit], args.tokens)
+    x = head_rows(loaded, dev_prompts(args.prompts)[: args.limit], args.tokens)
     q6 = head_q6(entry)
     n, k = q6.q.shape
     scale = q6.scale.float()
@@ -154,7 +112,6 @@ def main() -> None:
         print(f"columns left {label}: median {c.median():.0f}, mean {c.mean():.0f}, "
               f"90th percentile {c.quantile(0.9):.0f} of {n // COLUMN}; the head would read "
               f"{read / 1e6:.0f} MB a forward on average against {whole / 1e6:.0f} ({read / whole:.0%})")
-    step_times(loaded.runner.net, q6, texts, args.tokens, args.block)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,6 @@ E E512 e_maskz_loadu_ps(__mmask16 m, const float *p) LANES(E512, 16, r.f[i] = (m
 E E512 e_mask_blend_ps(__mmask16 m, E512 a, E512 b) LANES(E512, 16, r.f[i] = (m >> i) & 1 ? b.f[i] : a.f[i])
 E E512 e_max_ps(E512 a, E512 b) LANES(E512, 16, r.f[i] = a.f[i] > b.f[i] ? a.f[i] : b.f[i])
 E E512 e_abs_ps(E512 a) LANES(E512, 16, r.f[i] = fabsf(a.f[i]))
-E __mmask16 e_cmp_ps_mask(E512 a, E512 b, int op) { /* _CMP_GE_OQ only: false where either is NaN */
-    __mmask16 m = 0;
-    for (int i = 0; i < 16; i++) m |= (__mmask16)((a.f[i] >= b.f[i]) << i);
-    return (void)op, m;
-}
 E E512 e_fmadd_ps(E512 a, E512 b, E512 c) LANES(E512, 16, r.f[i] = fmaf(a.f[i], b.f[i], c.f[i]))
 E E512 e_fnmadd_ps(E512 a, E512 b, E512 c) LANES(E512, 16, r.f[i] = fmaf(-a.f[i], b.f[i], c.f[i]))
 E E512 e_cvtepi32_ps(E512i a) LANES(E512, 16, r.f[i] = (float)a.i[i])
@@ -50,7 +45,6 @@ E E512i e_and_si512(E512i a, E512i b) LANES(E512i, 16, r.i[i] = a.i[i] & b.i[i])
 E E512i e_or_si512(E512i a, E512i b) LANES(E512i, 16, r.i[i] = a.i[i] | b.i[i])
 E E512i e_srli_epi16(E512i a, int n) LANES(E512i, 32, r.h[i] = (int16_t)((uint16_t)a.h[i] >> n))
 E E512i e_slli_epi16(E512i a, int n) LANES(E512i, 32, r.h[i] = (int16_t)((uint16_t)a.h[i] << n))
-E E512i e_slli_epi32(E512i a, int n) LANES(E512i, 16, r.i[i] = (int32_t)((uint32_t)a.i[i] << n))
 E E512i e_madd_epi16(E512i a, E512i b)
     LANES(E512i, 16, r.i[i] = a.h[2 * i] * b.h[2 * i] + a.h[2 * i + 1] * b.h[2 * i + 1])
 E E512i e_dpbusd_epi32(E512i src, E512i a, E512i b) /* a's bytes unsigned, b's signed */
@@ -144,8 +138,6 @@ E E512 e_cast(E512 a) { return a; }
 #define _mm512_or_si512 e_or_si512
 #define _mm512_srli_epi16 e_srli_epi16
 #define _mm512_slli_epi16 e_slli_epi16
-#define _mm512_slli_epi32 e_slli_epi32
-#define _mm512_cmp_ps_mask e_cmp_ps_mask
 #define _mm512_madd_epi16 e_madd_epi16
 #define _mm512_dpbusd_epi32 e_dpbusd_epi32
 #define _mm512_reduce_max_ps e_reduce_max_ps

@@ -120,12 +120,12 @@ def generate_plain(
 ) -> Iterator[TokenChunk | TurnFinished]:
     turn = Turn("target", tokenizer, prompt_ids, cfg, stop_ids)
     session = target.session()
-    logits = session.forward(prompt_ids, last=1, greedy=cfg.greedy)[-1]
+    logits = session.forward(prompt_ids, last=1)[-1]
     while not should_stop():
         tok = pick(logits, cfg, turn.gen)
         yield from turn.push([tok])
         if turn.stream.reason:
             break
-        logits = session.forward([tok], greedy=cfg.greedy)[-1]
+        logits = session.forward([tok])[-1]
         turn.stats.steps += 1
     yield turn.finished()

@@ -96,7 +96,7 @@ class SpeculativeDecoder:
 
     def prefill(self) -> int:
         """The prompt's forward; it picks the first reply token."""
-        logits = self.session.forward(self.context, last=1, greedy=self.cfg.greedy)[-1]
+        logits = self.session.forward(self.context, last=1)[-1]
         return pick(logits, self.cfg, self.gen)
 
     def propose(self, k: int) -> Proposals:
@@ -147,7 +147,7 @@ class SpeculativeDecoder:
         first rejection, or the bonus token when all are accepted). The cache
         forgets the rejected ones."""
         t = proposals.tokens
-        logits = self.session.forward([self.pending] + t, greedy=self.cfg.greedy)
+        logits = self.session.forward([self.pending] + t)
         if self.cfg.greedy:
             n, token = verify_greedy(t, logits)
         else:

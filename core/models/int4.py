@@ -146,9 +146,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.q4_gemm.restype = ctypes.c_int
     lib.q4_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    lib.q6_split_gemm.restype = ctypes.c_int
-    lib.q6_split_gemm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.amx_rows.restype = ctypes.c_int
     lib.amx_rows.argtypes = []
     lib.decoder_stack.restype = ctypes.c_int
@@ -188,8 +185,6 @@ Q5_0 = 6
 Q8_0 = 8
 Q4_K = 12
 Q6_K = 14
-# Not a file's type: an LM head's Q6_K weights laid out for greedy decoding (Q6.split).
-Q6_SPLIT = -Q6_K
 _Q5_0_BLOCK = 22  # bytes per 32 weights: d (fp16), 32 high bits, 16 bytes of low nibbles
 _Q8_0_BLOCK = 34  # bytes per 32 weights: d (fp16), 32 int8
 _Q4_K_BLOCK = 144  # bytes per 256 weights: d, dmin (fp16), 12 bytes of 6-bit scales/mins, 128 of nibbles
@@ -452,18 +447,6 @@ class Q6(NamedTuple):
         scales = self.scale.view(cols, CHANNELS, groups, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
         return torch.cat([_nibbles(self.q), high, scales.reshape(cols, groups, 64)], dim=-1).contiguous()
 
-    def split(self) -> torch.Tensor:
-        """The layout of an LM head for greedy decoding (int4_gemm.c, LAYOUT_Q6_SPLIT):
-        per 16 channels and 32 inputs the high 4 bits (q >> 2) as nibbles and the
-        scales, for every column first; then the low 2 bits (q & 3) as packed()'s pairs."""
-        n, k = self.q.shape
-        cols, groups = n // CHANNELS, k // GROUP
-        low = (self.q & 3).view(cols, 2, 8, groups, 2, 4, 4).permute(0, 3, 4, 1, 2, 6, 5)
-        pairs = (low[..., 0] | (low[..., 1] << 2) | (low[..., 2] << 4) | (low[..., 3] << 6)).reshape(cols, groups, 128)
-        scales = self.scale.view(cols, CHANNELS, groups, 2).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
-        first = torch.cat([_nibbles(self.q >> 2), scales.reshape(cols, groups, 64)], dim=-1)
-        return torch.cat([first.reshape(-1), pairs.reshape(-1)]).contiguous()
-
     def weight(self) -> torch.Tensor:
         n, k = self.q.shape
         return ((self.q.float() - 32).view(n, k // Q6_PART, Q6_PART) * self.scale.float()[..., None]).view(n, k)
@@ -561,50 +544,6 @@ class Q8Linear(Int4Linear):
     weights, and a layer the decoder stack runs."""
 
     bits = 8
-
-
-class GreedyHead(Int6Linear):
-    """An LM head stored in 6 bits (a Q6_K tensor, Q6) that greedy decoding reads
-    mostly in 4: greedy(x) gives each row's argmax as the whole head's, bit for bit,
-    having read every weight's high 4 bits and scales (5 of the 7 bits a weight the
-    head streams) and the rest only for the 16-token columns that may hold the
-    largest value (int4_gemm.c, q6_split_gemm). Calling it gives every logit exactly.
-    Its kernels are AVX-512 VNNI's; greedy_head_runs() says whether they run here."""
-
-    def __init__(self, linear: torch.nn.Linear, quantized: Q6):
-        super().__init__(linear, quantized)
-        self._packed, self.kind = quantized.split(), Q6_SPLIT
-        self.exact_columns = 0  # of the last greedy call: columns read whole
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, greedy=False)
-
-    def greedy(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] whose argmax per row is the whole head's (the same
-        index, its value exact); elsewhere only bounds below that row's largest."""
-        return self._run(x, greedy=self.bias is None)  # (the bounds leave a bias out)
-
-    def _run(self, x: torch.Tensor, greedy: bool) -> torch.Tensor:
-        lib = _library()
-        if isinstance(lib, KernelUnavailable):
-            raise lib
-        rows = x.reshape(-1, self.in_features).float().contiguous()
-        y = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
-        done = lib.q6_split_gemm(rows.data_ptr(), rows.shape[0], self.in_features, self._packed.data_ptr(),
-                                 self.out_features, y.data_ptr(), int(greedy), torch.get_num_threads())
-        if done == -2:
-            raise KernelUnavailable(f"the greedy head's kernels need AVX-512 VNNI (this build: {getattr(lib, 'isa', '?')})")
-        if done < 0:
-            raise MemoryError("out of memory in the 6-bit head's kernel")
-        self.exact_columns = done
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-
-def greedy_head_runs() -> bool:
-    """Whether GreedyHead's kernels run here (AVX-512 VNNI builds)."""
-    return kernel_isa() in ("avx512vnni", "amx")
 
 
 def low_bit(linear: torch.nn.Linear, quantized: Q4 | Q4K | Q6 | Q8) -> Int4Linear:

@@ -28,13 +28,6 @@ enum { LAYOUT_Q4_1 = 3, LAYOUT_Q8_0 = 8, LAYOUT_Q4_K = 12, LAYOUT_Q6_K = 14 };
 
 int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
             int64_t ldy, int threads);
-/* An LM head in 6 bits laid out for greedy decoding (LAYOUT_Q6_SPLIT, int4_gemm.c): y
-   [m, n] = x W^T, exactly (Q6_K's bits) where greedy is 0; where it is 1, exactly
-   for the 16-token columns that may hold a row's largest value, and below each
-   row's largest elsewhere. Returns the columns computed exactly, -1 when out of
-   memory, -2 in a build without AVX-512 VNNI. */
-int q6_split_gemm(const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int greedy,
-                  int threads);
 
 /* A barrier for the threads of the current OpenMP team (all of them call
    team_wait; outside a parallel region it returns at once). libgomp's own barrier

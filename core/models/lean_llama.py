@@ -382,12 +382,9 @@ class LeanLlama:
         return out.view(hq, n, d)
 
     @torch.inference_mode()
-    def forward(self, ids: list[int] | torch.Tensor, last: int = 0, greedy: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: list[int] | torch.Tensor, last: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ids; returns (logits, final hidden states) of the new positions, or
-        of only the last `last` ones (a prompt needs one row of a 152k-word head).
-        greedy: only each row's argmax is read, so a head that can skip what cannot
-        be the largest does (int4.GreedyHead: the argmax stays the whole head's)."""
+        of only the last `last` ones (a prompt needs one row of a 152k-word head)."""
         ids = torch.as_tensor(ids, dtype=torch.long).view(-1)
         n, start = ids.numel(), self.length
         new = ids.tolist()
@@ -403,7 +400,7 @@ class LeanLlama:
                 # The rows whose output _finish reads; the rest need only their keys and values.
                 needed = rows if not last else rows - max(0, n - last - first)
                 self.stack(x[first : first + rows], start + first, self.kv, self.cos, self.sin, needed)
-            return self._finish(x, new, last, normed=True, greedy=greedy)
+            return self._finish(x, new, last, normed=True)
         mask = None
         if n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
@@ -424,17 +421,16 @@ class LeanLlama:
             x = x + o_proj(att.transpose(0, 1).reshape(n, hq * d))
             gate, up = gate_up_proj(self._norm(x, ln2)).chunk(2, dim=-1)
             x = x + down_proj(F.silu(gate) * up)
-        return self._finish(x, new, last, greedy=greedy)
+        return self._finish(x, new, last)
 
-    def _finish(self, x: torch.Tensor, new: list[int], last: int, normed: bool = False, greedy: bool = False
+    def _finish(self, x: torch.Tensor, new: list[int], last: int, normed: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """normed: the stack gave the rows read through the final norm already."""
         self.ids += new
         if last:
             x = x[-last:]
         h = x if normed else self._norm(x, self.final_norm)
-        head = getattr(self.head, "greedy", self.head) if greedy else self.head
-        return head(h), h
+        return self.head(h), h
 
 
 def common_prefix(held: list[int], ids: list[int], limit: int) -> int:

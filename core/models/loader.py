@@ -148,7 +148,7 @@ def load(
     model.eval()
     if int8:
         progress(f"Quantizing {entry.name}", 0.962)
-        quantize_int8(model, _four_bit(entry, model) if int4 else None, greedy_head=lean_supports(model.config) is None)
+        quantize_int8(model, _four_bit(entry, model) if int4 else None)
     # Not 1.0: the engine still loads the drafter and measures the target after this.
     progress(f"{entry.name} loaded", 0.965)
     return LoadedModel(entry, model, tokenizer, time.perf_counter() - start, int8)

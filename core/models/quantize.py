@@ -85,24 +85,17 @@ class Int8Linear(torch.nn.Module):
 FourBit = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None"]
 
 
-def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None, greedy_head: bool = False) -> int:
+def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> int:
     """Replace the model's large linear layers (its LM head included) in place;
     returns how many were replaced. The float weights are freed as each goes.
     four_bit(module name, weight): a layer's 4-bit or 6-bit form (int4.low_bit), or
-    None for int8 (see k_quant_reader). greedy_head: a 6-bit LM head becomes an
-    int4.GreedyHead where its kernels run (a model on LeanLlama, whose greedy steps
-    ask for only the argmax; transformers' forward would call it whole)."""
+    None for int8 (see k_quant_reader)."""
     replaced = 0
     for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.numel() >= MIN_WEIGHTS:
-                full_name = f"{prefix}.{name}" if prefix else name
-                four = four_bit(full_name, child.weight) if four_bit else None
-                if (greedy_head and full_name == "lm_head" and isinstance(four, int4.Q6) and child.bias is None
-                        and int4.greedy_head_runs()):
-                    setattr(module, name, int4.GreedyHead(child, four))  # greedy steps read it mostly in 4 bits
-                else:
-                    setattr(module, name, int4.low_bit(child, four) if four else Int8Linear(child))
+                four = four_bit(f"{prefix}.{name}" if prefix else name, child.weight) if four_bit else None
+                setattr(module, name, int4.low_bit(child, four) if four else Int8Linear(child))
                 replaced += 1
     if getattr(model.config, "tie_word_embeddings", False):
         # The input embeddings keep their float table; the head now has its own int8 copy.

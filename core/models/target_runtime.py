@@ -29,10 +29,9 @@ from .quantize import is_quantized
 
 
 class TargetSession(Protocol):
-    def forward(self, ids: list[int], last: int = 0, greedy: bool = False) -> torch.Tensor:
+    def forward(self, ids: list[int], last: int = 0) -> torch.Tensor:
         """Logits [len(ids), vocab] for ids appended after what the session holds,
-        or only the last `last` rows. greedy: the caller reads only each row's
-        argmax (the other values may then be bounds, not logits)."""
+        or only the last `last` rows."""
 
     def crop(self, drop: int) -> None:
         """Forget the last `drop` tokens appended."""
@@ -142,8 +141,7 @@ class HeldCache:
         return common
 
     @torch.inference_mode()
-    def forward(self, ids: list[int], last: int = 0, greedy: bool = False) -> tuple[torch.Tensor, None]:
-        del greedy  # transformers' forward calls the head whole
+    def forward(self, ids: list[int], last: int = 0) -> tuple[torch.Tensor, None]:
         # logits_to_keep: Gemma's 262k-word head over every prompt position would
         # cost more than the rest of the model.
         x = torch.as_tensor(ids, dtype=torch.long).view(1, -1)
@@ -169,7 +167,7 @@ class Session:
         self.started = False
         self.reused = 0  # prompt tokens whose keys/values came from the previous session
 
-    def forward(self, ids: list[int], last: int = 0, greedy: bool = False) -> torch.Tensor:
+    def forward(self, ids: list[int], last: int = 0) -> torch.Tensor:
         if not self.started:
             self.started = True
             if last:  # rows of a kept prefix are not recomputed: only a forward for its last rows keeps one
@@ -177,7 +175,7 @@ class Session:
                 ids = ids[self.reused:]
             else:
                 self.cache.reset()
-        return self.cache.forward(ids, last, greedy=greedy)[0]
+        return self.cache.forward(ids, last)[0]
 
     def crop(self, drop: int) -> None:
         self.cache.rollback(self.cache.length - drop)
