@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from kernel_ab import build, int4_at, sources_at
+from kernel_ab import build, int4_at, prompt_nets, sources_at
 from omnidraft.core.models import int4
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.lean_llama import LeanLlama
@@ -110,9 +110,8 @@ def main() -> None:
 
 
 def step_times(libs: dict, target_name: str, contexts: list[int], rows: list[int], reps: int) -> None:
-    drafter = LeanLlama(load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
-                        max_len=8192)
-    target = load(ModelCatalog().get(target_name), torch.bfloat16, int8=True).runner.net
+    nets = prompt_nets(max_len=8192, target=target_name)
+    drafter, target = nets["drafter"], nets["target"]
     ids = torch.randint(100, 20000, (max(contexts) + 16,), generator=torch.Generator().manual_seed(0)).tolist()
     for ctx in contexts:
         for net in (drafter, target):

@@ -47,7 +47,7 @@ def head_q6(entry) -> int4.Q6:
     """The target's LM head as its GGUF file stores it (Q6_K)."""
     src = source_path(entry)
     tensors = {t.name: t for t in read_header(src).tensors}
-    tensor = tensors.get("output.weight") or tensors["token_embd.weight"]  # a tied head is the embedding
+    tensor = tensors.get(int4.gguf_name("lm_head")) or tensors["token_embd.weight"]  # tied: the embedding
     if tensor.ggml_type != int4.Q6_K:
         raise SystemExit(f"{src.name}: the head is not Q6_K")
     k, n = tensor.dims

@@ -157,13 +157,13 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
                 raise SystemExit(f"the builds differ at {m} rows (max relative difference {error:.2e})")
 
 
-def prompt_nets(max_len: int = 1024) -> dict:
-    """The bundled drafter's net (room for max_len positions) and the
-    Qwen2.5-Coder-1.5B target's, as a reply reads a prompt with them."""
+def prompt_nets(max_len: int = 1024, target: str = "qwen2.5-coder-1.5b-instruct") -> dict:
+    """The bundled drafter's net (room for max_len positions) and the target's, as a
+    reply reads a prompt with them."""
     catalog = ModelCatalog()
     return {"drafter": LeanLlama(load(catalog.get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
                                  max_len=max_len),
-            "target": load(catalog.get("qwen2.5-coder-1.5b-instruct"), torch.bfloat16, int8=True).runner.net}
+            "target": load(catalog.get(target), torch.bfloat16, int8=True).runner.net}
 
 
 def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
