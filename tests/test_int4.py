@@ -672,6 +672,46 @@ def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, 
         torch.set_num_threads(before)
 
 
+def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(qwen_tok):
+    """Past 256 positions a query's softmax runs in parts folded in order; where the
+    key/value heads do not split evenly between the threads (SmolLM2's 3 on 2) a
+    step's tasks are a head's parts, merged after. A long prompt, a block of rows
+    across a part's edge and a step past a third part give the same bits on 1, 2 and
+    3 threads; the block gives its rows' one-token steps' bits (what keeps
+    verification lossless) and everything stays what the torch layers compute."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+
+    from tests.tiny import tiny_llama
+
+    net = LeanLlama(tiny_llama(len(qwen_tok), seed=5, kv_heads=3), int8=True, int4=True, max_len=1024)
+    stack = net.stack
+    assert stack is not None and net.n_kv == 3
+    ids = torch.randint(100, 4000, (560,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def run(threads: int, use_stack: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.set_num_threads(threads)
+        net.stack = stack if use_stack else None
+        net.reset()
+        out = [net.forward(ids[:252])[0], net.forward(ids[252:258])[0]]  # the block spans 252..257
+        net.rollback(252)
+        singles = torch.cat([net.forward([t])[0] for t in ids[252:258]])
+        out += [net.forward(ids[258:559])[0], net.forward(ids[559:560])[0]]  # 20 blocks of rows; 3 parts
+        return torch.cat(out), singles
+
+    before = torch.get_num_threads()
+    try:
+        one, singles = run(1)
+        assert torch.equal(one[252:258], singles)
+        for threads in (2, 3):
+            got, got_singles = run(threads)
+            assert torch.equal(got, one) and torch.equal(got_singles, singles), threads
+        reference, _ = run(1, use_stack=False)
+    finally:
+        torch.set_num_threads(before)
+        net.stack = stack
+    torch.testing.assert_close(one, reference, atol=5e-3, rtol=5e-3)
+
+
 def test_a_learned_adapter_runs_beside_the_4_bit_weights_and_keeps_its_effect(qwen_tok):
     """Rounded into 4 bits with the weights, a small learned change would mostly
     vanish (scripts/adapter_rounding.py); beside them it moves the logits as it

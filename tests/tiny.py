@@ -28,15 +28,16 @@ PROMPTS = [
 LEARN_PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
 
 
-def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2, dtype=torch.float32):
+def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2, dtype=torch.float32, kv_heads: int = 2):
+    """Two query heads of 16 a key/value head (kv_heads=3: SmolLM2's grouping)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
+        hidden_size=32 * kv_heads,
         intermediate_size=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2 * kv_heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=1,

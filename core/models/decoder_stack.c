@@ -358,22 +358,23 @@ static inline vec lane_sums(const vec v[VW]) {
 
 #define MAX_HEAD_DIM 256 /* decoder_stack refuses more (int4.py checks first) */
 
-/* A query's scores sc[0..seen) (already scaled) to softmax numerators in place;
-   returns 1 / their sum. */
-static float softmax_in_place(float *sc, int64_t seen) {
+/* A query's scores sc[0..seen) (already scaled) to softmax numerators in place,
+   against their largest, *top; returns their sum. */
+static float softmax_in_place(float *sc, int64_t seen, float *top) {
     vec best = vset1(-INFINITY);
     for (int64_t p = 0; p < seen; p += VW) {
         vmask m = tail(seen - p);
         best = vmax(best, vselect(m, vload_tail(sc + p, m), vset1(-INFINITY)));
     }
-    vec top = vset1(vhmax(best)), sum = vzero();
+    *top = vhmax(best);
+    vec t = vset1(*top), sum = vzero();
     for (int64_t p = 0; p < seen; p += VW) {
         vmask m = tail(seen - p);
-        vec e = vselect(m, vexp(vsub(vload_tail(sc + p, m), top)), vzero());
+        vec e = vselect(m, vexp(vsub(vload_tail(sc + p, m), t)), vzero());
         vstore_tail(sc + p, m, e);
         sum = vadd(sum, e);
     }
-    return 1.0f / vsum(sum);
+    return vsum(sum);
 }
 
 /* Scores of positions p0..p0+count-1 (count <= VW) for query q into sc[0..count),
@@ -442,6 +443,12 @@ static inline __attribute__((always_inline)) void weigh_values(const float *sc1,
 
 #define ATT_BLOCK 32 /* positions whose keys (then values) stay in L1 while every query of a task reads them */
 #define ATT_ROWS 8   /* new rows a task takes at most (a verification's all; a prompt's in blocks) */
+/* Positions a softmax part: a query's positions 0.., ATT_PART at a time, each part
+   summed alone and the parts folded in order (fold_part). The grid is fixed, so a
+   query's bits depend on its position only; it lets the drafter's 3 key/value heads
+   split between 2 threads by positions, not by reading a head's cache twice. */
+#define ATT_PART 256
+#define PART_STREAM (2 * ATT_PART / ATT_BLOCK) /* a whole part's blocks, keys then values */
 
 /* Positions b..b+count-1 of an fp16 cache row (keys or values) widened into `wide`:
    once a block for all the task's queries, not once a query (a 5-row verification
@@ -451,82 +458,160 @@ static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t
     for (int64_t i = 0; i < count * d; i += VW) vstore(wide + i, vhalf(cache + b * d + i));
 }
 
-/* Block s of a task's stream of keys then values (s < 2 * blocks), asked for before
-   use: the cache comes from memory after a forward's weights have flushed it, and a
-   step's few queries compute too little per block to hide a load's latency, so
-   widening the blocks as they came took over half of attend_group's samples (perf
-   annotate; a drafted token 6.3 -> 5.6 ms after 2,000 positions, docs/speed.md). */
-static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t blocks, int64_t end,
-                             int64_t d) {
-    if (s >= 2 * blocks) return;
-    const uint16_t *cache = s < blocks ? keys : values;
-    int64_t b = (s < blocks ? s : s - blocks) * ATT_BLOCK, stop = (b + ATT_BLOCK < end ? b + ATT_BLOCK : end) * d;
+/* Block s of a task's stream (for each of its parts g0..g1-1, the part's blocks of
+   keys, then of values), asked for before use: the cache comes from memory after a
+   forward's weights have flushed it, and a step's few queries compute too little per
+   block to hide a load's latency, so widening the blocks as they came took over half
+   of attend_group's samples (perf annotate; a drafted token 6.3 -> 5.6 ms after 2,000
+   positions, docs/speed.md). A part's stream starts at (g - g0) * PART_STREAM; a short
+   last part's is shorter. */
+static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t g0, int64_t g1,
+                             int64_t end, int64_t d) {
+    int64_t g = g0 + s / PART_STREAM, w = s % PART_STREAM;
+    if (g >= g1) return;
+    int64_t p0 = g * ATT_PART, blocks = ((end - p0 < ATT_PART ? end - p0 : ATT_PART) + ATT_BLOCK - 1) / ATT_BLOCK;
+    if (w >= 2 * blocks) return;
+    const uint16_t *cache = w < blocks ? keys : values;
+    int64_t b = p0 + (w < blocks ? w : w - blocks) * ATT_BLOCK, stop = (b + ATT_BLOCK < end ? b + ATT_BLOCK : end) * d;
     for (int64_t i = b * d; i < stop; i += 32) _mm_prefetch((const char *)(cache + i), _MM_HINT_T0); /* a line */
 }
 
 #define ATT_AHEAD 2 /* blocks asked for ahead of the one widened */
 
-/* Query heads h0..h1-1, which share one key/value head, for new rows r0..r1-1 (row r
-   sees positions 0..start+r) into att. Each block of keys and of values is read once
-   for all these queries, not once per head and row: a 5-row verification of
-   Qwen2.5-Coder-1.5B after 2,000 positions re-read each layer's 4 MB of keys and
-   values 30 times that way (docs/speed.md). Each query sums its positions in order,
-   by the same steps whatever queries share its task, so a row's bits are those of
-   its one-token step (a verification stays lossless). sc: room for
-   (h1 - h0) * (r1 - r0) rows of start + r1 scores; inv: for as many sums; wide:
-   ATT_BLOCK * d floats. */
-static void attend_group(const float *qkv, int64_t qkv_width, int64_t start, int64_t r0, int64_t r1,
-                         int64_t h0, int64_t h1, const uint16_t *keys, const uint16_t *values, int64_t d,
-                         float scale, float *sc, float *inv, float *wide, float *att, int64_t att_width) {
-    int64_t rows = r1 - r0, queries = (h1 - h0) * rows, end = start + r1, lanes = d / VW;
-    int64_t blocks = (end + ATT_BLOCK - 1) / ATT_BLOCK;
-    for (int64_t s = 0; s < ATT_AHEAD; s++) ask_block(keys, values, s, blocks, end, d);
-    for (int64_t b = 0; b < end; b += ATT_BLOCK) {
-        ask_block(keys, values, b / ATT_BLOCK + ATT_AHEAD, blocks, end, d);
-        widen_block(keys, b, b + ATT_BLOCK < end ? ATT_BLOCK : end - b, d, wide);
+/* A query's result over its parts so far (out: its values' unnormalized sum; *top,
+   *sum: its scores' largest and its numerators' sum) and one more part's (o, top_g,
+   sum_g) as one, both rescaled to the larger top. */
+static void fold_part(float *out, float *top, float *sum, const float *o, float top_g, float sum_g, int64_t lanes) {
+    float t = *top > top_g ? *top : top_g, a = expf(*top - t), b = expf(top_g - t);
+    for (int64_t l = 0; l < lanes; l++)
+        vstore(out + l * VW, vfmadd(vload(o + l * VW), vset1(b), vmul(vload(out + l * VW), vset1(a))));
+    *sum = *sum * a + sum_g * b, *top = t;
+}
+
+/* What a layer's attention tasks share. */
+typedef struct {
+    const float *qkv;              /* [row, qkv_width]: RoPE'd queries first */
+    const uint16_t *keys, *values; /* the layer's cache, key/value head 0's [capacity, d] */
+    float *att;                    /* [row, n_heads * d]: the result */
+    float *parts;                  /* NULL, or a split's per-part sums [part, row - first, head, d] */
+    float *tops;                   /* beside them, [part, row - first, head, 2]: top and sum */
+    int64_t qkv_width, start, n_heads, capacity, d, first, split_rows;
+    float scale;
+} Attention;
+
+/* A thread's room: scores (ATT_PART a query), a part's top and sum and the folded
+   ones (4 a query), a part's values (d a query), a widened block (ATT_BLOCK * d). */
+typedef struct {
+    float *sc, *tops, *o, *wide;
+} AttRoom;
+
+/* Where query (row r, head h)'s sum over part g goes: the split's room, else the
+   result itself (the first part) or the thread's room (later parts, to fold in). */
+static float *part_sum(const Attention *A, const AttRoom *R, int64_t i, int64_t r, int64_t h, int64_t g) {
+    if (A->parts) return A->parts + ((g * A->split_rows + r - A->first) * A->n_heads + h) * A->d;
+    return g == 0 ? A->att + (r * A->n_heads + h) * A->d : R->o + i * A->d;
+}
+
+/* Query heads h0..h1-1, which share key/value head j, for new rows r0..r1-1 (row r
+   sees positions 0..start+r), over parts g0..g1-1. Each block of keys and of values
+   is read once for all these queries, not once per head and row: a 5-row
+   verification of Qwen2.5-Coder-1.5B after 2,000 positions re-read each layer's 4 MB
+   of keys and values 30 times that way (docs/speed.md). Each query sums a part's
+   positions in order and folds its parts in order, by the same steps whatever
+   queries and parts share its task, so a row's bits are those of its one-token step
+   (a verification stays lossless) on any number of threads. Without A->parts the
+   task covers all its rows' parts (g0 = 0) and finishes their results; with it, it
+   leaves each part's sum, top and sum of numerators there for merge_parts. */
+static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_t r0, int64_t r1, int64_t h0,
+                         int64_t h1, int64_t g0, int64_t g1) {
+    int64_t d = A->d, rows = r1 - r0, queries = (h1 - h0) * rows, end = A->start + r1, lanes = d / VW;
+    const uint16_t *keys = A->keys + j * A->capacity * d, *values = A->values + j * A->capacity * d;
+    float *tops = R->tops; /* per query: the part's top and sum, then the folded ones */
+    for (int64_t s = 0; s < ATT_AHEAD; s++) ask_block(keys, values, s, g0, g1, end, d);
+    for (int64_t g = g0; g < g1; g++) {
+        int64_t p0 = g * ATT_PART, pend = p0 + ATT_PART < end ? p0 + ATT_PART : end, s0 = (g - g0) * PART_STREAM;
+        int64_t blocks = (pend - p0 + ATT_BLOCK - 1) / ATT_BLOCK;
+        for (int64_t b = p0; b < pend; b += ATT_BLOCK) {
+            ask_block(keys, values, s0 + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, g1, end, d);
+            widen_block(keys, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
+            for (int64_t i = 0; i < queries; i++) {
+                int64_t r = r0 + i % rows, seen = A->start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
+                const float *q = A->qkv + r * A->qkv_width + (h0 + i / rows) * d;
+                float *sc = R->sc + i * ATT_PART - p0; /* position p's score at sc[p] */
+                for (int64_t p = b; p < stop; p += VW) {
+                    int64_t count = stop - p < VW ? stop - p : VW;
+                    const float *k = R->wide + (p - b) * d;
+                    if (d == 64)
+                        score_positions(q, k, count, 64, A->scale, sc + p);
+                    else if (d == 128)
+                        score_positions(q, k, count, 128, A->scale, sc + p);
+                    else
+                        score_positions(q, k, count, d, A->scale, sc + p);
+                }
+            }
+        }
         for (int64_t i = 0; i < queries; i++) {
-            int64_t r = r0 + i % rows, seen = start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
-            const float *q = qkv + r * qkv_width + (h0 + i / rows) * d;
-            for (int64_t p0 = b; p0 < stop; p0 += VW) {
-                int64_t count = stop - p0 < VW ? stop - p0 : VW;
-                const float *k = wide + (p0 - b) * d;
+            int64_t seen = A->start + r0 + i % rows + 1;
+            if (seen > p0)
+                tops[4 * i + 1] = softmax_in_place(R->sc + i * ATT_PART, (seen < pend ? seen : pend) - p0, tops + 4 * i);
+        }
+        for (int64_t b = p0; b < pend; b += ATT_BLOCK) {
+            ask_block(keys, values, s0 + blocks + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, g1, end, d);
+            widen_block(values, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
+            for (int64_t i = 0; i < queries;) {
+                int64_t pick[2], live = 0, stop[2] = {0, 0};
+                float *out[2] = {NULL, NULL};
+                for (; i < queries && live < 2; i++) { /* the next two queries that see block b */
+                    int64_t r = r0 + i % rows, seen = A->start + r + 1;
+                    if (b >= seen) continue;
+                    stop[live] = (b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen) - b;
+                    out[live] = part_sum(A, R, i, r, h0 + i / rows, g);
+                    pick[live++] = i;
+                }
+                if (!live) break;
+                const float *sc1 = R->sc + pick[0] * ATT_PART + b - p0;
+                const float *sc2 = live > 1 ? R->sc + pick[1] * ATT_PART + b - p0 : NULL;
                 if (d == 64)
-                    score_positions(q, k, count, 64, scale, sc + i * end + p0);
+                    weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], 64 / VW, out[0], out[1]);
                 else if (d == 128)
-                    score_positions(q, k, count, 128, scale, sc + i * end + p0);
+                    weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], 128 / VW, out[0], out[1]);
                 else
-                    score_positions(q, k, count, d, scale, sc + i * end + p0);
+                    weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], lanes, out[0], out[1]);
+            }
+        }
+        for (int64_t i = 0; i < queries; i++) {
+            int64_t r = r0 + i % rows, h = h0 + i / rows;
+            if (A->start + r + 1 <= p0) continue; /* the row does not see part g */
+            if (A->parts) {
+                float *t = A->tops + ((g * A->split_rows + r - A->first) * A->n_heads + h) * 2;
+                t[0] = tops[4 * i], t[1] = tops[4 * i + 1];
+            } else if (g == 0) {
+                tops[4 * i + 2] = tops[4 * i], tops[4 * i + 3] = tops[4 * i + 1];
+            } else {
+                fold_part(part_sum(A, R, i, r, h, 0), tops + 4 * i + 2, tops + 4 * i + 3, R->o + i * d, tops[4 * i],
+                          tops[4 * i + 1], lanes);
             }
         }
     }
-    for (int64_t i = 0; i < queries; i++) inv[i] = softmax_in_place(sc + i * end, start + r0 + i % rows + 1);
-    for (int64_t b = 0; b < end; b += ATT_BLOCK) {
-        ask_block(keys, values, blocks + b / ATT_BLOCK + ATT_AHEAD, blocks, end, d);
-        widen_block(values, b, b + ATT_BLOCK < end ? ATT_BLOCK : end - b, d, wide);
-        for (int64_t i = 0; i < queries;) {
-            int64_t pick[2], live = 0, stop[2] = {0, 0};
-            float *out[2] = {NULL, NULL};
-            for (; i < queries && live < 2; i++) { /* the next two queries that see block b */
-                int64_t r = r0 + i % rows, seen = start + r + 1;
-                if (b >= seen) continue;
-                stop[live] = (b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen) - b;
-                out[live] = att + r * att_width + (h0 + i / rows) * d;
-                pick[live++] = i;
-            }
-            if (!live) break;
-            const float *sc1 = sc + pick[0] * end + b, *sc2 = live > 1 ? sc + pick[1] * end + b : NULL;
-            if (d == 64)
-                weigh_values(sc1, sc2, wide, b == 0, stop[0], stop[1], 64 / VW, out[0], out[1]);
-            else if (d == 128)
-                weigh_values(sc1, sc2, wide, b == 0, stop[0], stop[1], 128 / VW, out[0], out[1]);
-            else
-                weigh_values(sc1, sc2, wide, b == 0, stop[0], stop[1], lanes, out[0], out[1]);
-        }
-    }
+    if (A->parts) return;
     for (int64_t i = 0; i < queries; i++) {
-        float *out = att + (r0 + i % rows) * att_width + (h0 + i / rows) * d;
-        for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, vmul(vload(out + l * VW), vset1(inv[i])));
+        float *out = part_sum(A, R, i, r0 + i % rows, h0 + i / rows, 0), inv = 1.0f / tops[4 * i + 3];
+        for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, vmul(vload(out + l * VW), vset1(inv)));
     }
+}
+
+/* Query (row r, head h)'s result from a split's parts, folded in order as
+   attend_group folds them. */
+static void merge_parts(const Attention *A, int64_t r, int64_t h) {
+    int64_t d = A->d, lanes = d / VW, parts = (A->start + r + ATT_PART) / ATT_PART; /* those row r sees */
+    int64_t at = (r - A->first) * A->n_heads + h, stride = A->split_rows * A->n_heads;
+    float *out = A->att + (r * A->n_heads + h) * d, top = A->tops[2 * at], sum = A->tops[2 * at + 1];
+    memcpy(out, A->parts + at * d, sizeof(float) * (size_t)d);
+    for (int64_t g = 1; g < parts; g++)
+        fold_part(out, &top, &sum, A->parts + (g * stride + at) * d, A->tops[2 * (g * stride + at)],
+                  A->tops[2 * (g * stride + at) + 1], lanes);
+    float inv = 1.0f / sum;
+    for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, vmul(vload(out + l * VW), vset1(inv)));
 }
 
 /* out = silu(gate) * up over `count` values (a multiple of 16). */
@@ -592,23 +677,29 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
     /* Attention's tasks: per key/value head, its query heads in chunks, and the rows
        in blocks of ATT_ROWS. Each task widens its key/value head's cache once, so as
        few chunks as keep the threads evenly busy: Qwen2.5's 2 key/value heads whole
-       on 2 threads, SmolLM2's 3 of 3 in chunks of 2 and 1. */
+       on 2 threads, SmolLM2's 3 of 3 in chunks of 2 and 1. Where the heads do not
+       split evenly and a layer's rows make one block, past ATT_PART positions the
+       tasks are a head's parts instead (a split), merged after: each thread reads
+       half the cache once, where chunks read a head's cache in both. */
     int64_t chunks = n_kv % threads == 0 ? 1 : (2 * threads + n_kv - 1) / n_kv;
     if (chunks > group) chunks = group;
     int64_t chunk = (group + chunks - 1) / chunks;
     int64_t task_rows = n < ATT_ROWS ? n : ATT_ROWS; /* a step's one row needs one row's scores, not 8 */
-    int64_t per_thread = chunk * task_rows * end;
-    float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread));
-    float *sum_room = lines(sizeof(float) * (size_t)(threads * chunk * task_rows));
+    int64_t parts = (end + ATT_PART - 1) / ATT_PART, may_split = threads > 1 && n_kv % threads != 0 && parts > 1;
+    int64_t per_thread = group * task_rows;          /* queries a task takes at most */
+    float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread * ATT_PART));
+    float *top_room = lines(sizeof(float) * (size_t)(threads * per_thread * 4));
+    float *o_room = lines(sizeof(float) * (size_t)(threads * per_thread * d));
     float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
-    failed |= !score_room || !sum_room || !wide_room;
+    float *split_room = may_split ? lines(sizeof(float) * (size_t)(parts * task_rows * n_heads * (d + 2))) : NULL;
+    failed |= !score_room || !top_room || !o_room || !wide_room || (may_split && !split_room);
     TeamBarrier bar = {0};
     if (!failed) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
-            int me = omp_get_thread_num(); /* this thread's scores and sums, one task's at a time */
-            float *scores = score_room + me * per_thread, *sums = sum_room + me * chunk * task_rows;
-            float *wide = wide_room + me * ATT_BLOCK * d;
+            int me = omp_get_thread_num(); /* this thread's room, one task's at a time */
+            AttRoom room_me = {score_room + me * per_thread * ATT_PART, top_room + me * per_thread * 4,
+                               o_room + me * per_thread * d, wide_room + me * ATT_BLOCK * d};
             for (int64_t l = 0; l < n_layers; l++) {
                 const Layer *L = layers + l;
                 /* Rows from `first` on go past the cache: in the last layer only the `needed`
@@ -629,15 +720,27 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                                    keys, values, capacity, start + r);
                 team_wait(&bar);
                 PHASE(2);
+                int split = may_split && blocks == 1;
+                Attention A = {qkv, keys, values, att, split ? split_room : NULL,
+                               split ? split_room + parts * task_rows * n_heads * d : NULL,
+                               qkv_width, start, n_heads, capacity, d, first, task_rows, scale};
+                if (split) {
+#pragma omp for schedule(dynamic, 1) nowait
+                    for (int64_t t = 0; t < n_kv * parts; t++)
+                        attend_group(&A, &room_me, t / parts, first, n, t / parts * group, (t / parts + 1) * group,
+                                     t % parts, t % parts + 1);
+                    team_wait(&bar);
 #pragma omp for schedule(static) nowait
-                for (int64_t t = 0; t < n_kv * chunks * blocks; t++) {
-                    int64_t j = t / (chunks * blocks), c = t / blocks % chunks, r0 = first + t % blocks * ATT_ROWS;
-                    int64_t h0 = j * group + c * chunk;
-                    int64_t h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
-                    if (h0 < h1)
-                        attend_group(qkv, qkv_width, start, r0, r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n, h0, h1,
-                                     keys + j * capacity * d, values + j * capacity * d, d, scale, scores, sums, wide,
-                                     att, n_heads * d);
+                    for (int64_t u = 0; u < (n - first) * n_heads; u++) merge_parts(&A, first + u / n_heads, u % n_heads);
+                } else {
+#pragma omp for schedule(static) nowait
+                    for (int64_t t = 0; t < n_kv * chunks * blocks; t++) {
+                        int64_t j = t / (chunks * blocks), c = t / blocks % chunks, r0 = first + t % blocks * ATT_ROWS;
+                        int64_t h0 = j * group + c * chunk;
+                        int64_t h1 = h0 + chunk < (j + 1) * group ? h0 + chunk : (j + 1) * group;
+                        int64_t r1 = r0 + ATT_ROWS < n ? r0 + ATT_ROWS : n;
+                        if (h0 < h1) attend_group(&A, &room_me, j, r0, r1, h0, h1, 0, (start + r1 + ATT_PART - 1) / ATT_PART);
+                    }
                 }
                 team_wait(&bar);
                 PHASE(3);
@@ -680,7 +783,8 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
        cost a drafted token 0.2 ms, its code and data cold after the weights' stream. */
     if (final_norm && !failed)
         for (int64_t r = n - needed; r < n; r++) rms_norm_row(x + r * hidden, final_norm, eps, hidden, x + r * hidden);
-    free(h), free(qkv), free(att), free(gu), free(act), free(t_room), free(score_room), free(sum_room), free(wide_room);
+    free(h), free(qkv), free(att), free(gu), free(act), free(t_room), free(score_room), free(top_room), free(o_room), free(wide_room),
+        free(split_room);
     gemm_room_free(&room);
     return failed ? -1 : 0;
 }
