@@ -672,18 +672,21 @@ def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, 
         torch.set_num_threads(before)
 
 
-def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(qwen_tok):
+@pytest.mark.parametrize("window", [0, 40])
+def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, qwen_tok):
     """Past 256 positions a query's softmax runs in parts folded in order; where the
     key/value heads do not split evenly between the threads (SmolLM2's 3 on 2) a
     step's tasks are a head's parts, merged after. A long prompt, a block of rows
     across a part's edge and a step past a third part give the same bits on 1, 2 and
     3 threads; the block gives its rows' one-token steps' bits (what keeps
-    verification lossless) and everything stays what the torch layers compute."""
+    verification lossless) and everything stays what the torch layers compute,
+    with a drafter's window too (the last rows read parts 0 and 2 only)."""
     from omnidraft.core.models.lean_llama import LeanLlama
 
     from tests.tiny import tiny_llama
 
-    net = LeanLlama(tiny_llama(len(qwen_tok), seed=5, kv_heads=3), int8=True, int4=True, max_len=1024)
+    net = LeanLlama(tiny_llama(len(qwen_tok), seed=5, kv_heads=3), int8=True, int4=True, max_len=1024,
+                    window=window)
     stack = net.stack
     assert stack is not None and net.n_kv == 3
     ids = torch.randint(100, 4000, (560,), generator=torch.Generator().manual_seed(5)).tolist()

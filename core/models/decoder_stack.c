@@ -10,7 +10,8 @@ plain loops between them, and the whole stack is one call.
 
 Per layer, for the n new rows at positions start..start+n-1:
   h = rms_norm(x) * norm1;  q, k, v = h Wqkv^T (+ b);  RoPE on q and k;
-  keys/values of the new positions into the cache; causal grouped-query attention;
+  keys/values of the new positions into the cache; causal grouped-query attention
+  (a drafter's within its window: first_recent);
   x += att Wo^T;  h = rms_norm(x) * norm2;  gate, up = h Wgu^T;  x += (silu(gate) * up) Wd^T.
 x comes in as the embeddings and leaves as the last layer's residual stream, through
 the final norm where one is given (the LM head stays in torch), in its last `needed`
@@ -463,11 +464,12 @@ static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t
    forward's weights have flushed it, and a step's few queries compute too little per
    block to hide a load's latency, so widening the blocks as they came took over half
    of attend_group's samples (perf annotate; a drafted token 6.3 -> 5.6 ms after 2,000
-   positions, docs/speed.md). A part's stream starts at (g - g0) * PART_STREAM; a short
-   last part's is shorter. */
-static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t g0, int64_t g1,
-                             int64_t end, int64_t d) {
-    int64_t g = g0 + s / PART_STREAM, w = s % PART_STREAM;
+   positions, docs/speed.md). The task's parts: g0, then those from lo on (a window
+   skips 1..lo-1); the k-th one's stream starts at k * PART_STREAM, a short last
+   part's is shorter. */
+static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t g0, int64_t lo,
+                             int64_t g1, int64_t end, int64_t d) {
+    int64_t k = s / PART_STREAM, w = s % PART_STREAM, g = k == 0 ? g0 : (g0 + k > lo ? g0 + k : lo + k - 1);
     if (g >= g1) return;
     int64_t p0 = g * ATT_PART, blocks = ((end - p0 < ATT_PART ? end - p0 : ATT_PART) + ATT_BLOCK - 1) / ATT_BLOCK;
     if (w >= 2 * blocks) return;
@@ -496,8 +498,25 @@ typedef struct {
     float *parts;                  /* NULL, or a split's per-part sums [part, row - first, head, d] */
     float *tops;                   /* beside them, [part, row - first, head, 2]: top and sum */
     int64_t qkv_width, start, n_heads, capacity, d, first, split_rows;
+    int64_t window; /* 0: a query sees every position before it; else part 0 and the parts
+                       that hold its last `window` positions (see first_recent) */
     float scale;
 } Attention;
+
+/* The first part past part 0 a query that sees `seen` positions reads: with a
+   window, part 0 (the attention sink every context starts with) and the parts
+   that hold its last `window` positions, whole parts, so a query's view (and its
+   bits) depend on its position only. */
+static inline int64_t first_recent(const Attention *A, int64_t seen) {
+    int64_t lo = A->window > 0 && seen > A->window ? (seen - A->window) / ATT_PART : 1;
+    return lo > 1 ? lo : 1;
+}
+
+/* Whether row r's queries read part g. */
+static inline int sees(const Attention *A, int64_t r, int64_t g) {
+    int64_t seen = A->start + r + 1;
+    return seen > g * ATT_PART && (g == 0 || g >= first_recent(A, seen));
+}
 
 /* A thread's room: scores (ATT_PART a query), a part's top and sum and the folded
    ones (4 a query), a part's values (d a query), a widened block (ATT_BLOCK * d). */
@@ -527,15 +546,18 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
     int64_t d = A->d, rows = r1 - r0, queries = (h1 - h0) * rows, end = A->start + r1, lanes = d / VW;
     const uint16_t *keys = A->keys + j * A->capacity * d, *values = A->values + j * A->capacity * d;
     float *tops = R->tops; /* per query: the part's top and sum, then the folded ones */
-    for (int64_t s = 0; s < ATT_AHEAD; s++) ask_block(keys, values, s, g0, g1, end, d);
-    for (int64_t g = g0; g < g1; g++) {
-        int64_t p0 = g * ATT_PART, pend = p0 + ATT_PART < end ? p0 + ATT_PART : end, s0 = (g - g0) * PART_STREAM;
+    /* The row that sees fewest positions (r0) reads from the earliest recent part. */
+    int64_t lo = first_recent(A, A->start + r0 + 1), k = 0;
+    for (int64_t s = 0; s < ATT_AHEAD; s++) ask_block(keys, values, s, g0, lo, g1, end, d);
+    for (int64_t g = g0; g < g1; g = g == g0 && g + 1 < lo ? lo : g + 1, k++) {
+        int64_t p0 = g * ATT_PART, pend = p0 + ATT_PART < end ? p0 + ATT_PART : end, s0 = k * PART_STREAM;
         int64_t blocks = (pend - p0 + ATT_BLOCK - 1) / ATT_BLOCK;
         for (int64_t b = p0; b < pend; b += ATT_BLOCK) {
-            ask_block(keys, values, s0 + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, g1, end, d);
+            ask_block(keys, values, s0 + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, lo, g1, end, d);
             widen_block(keys, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
             for (int64_t i = 0; i < queries; i++) {
                 int64_t r = r0 + i % rows, seen = A->start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
+                if (!sees(A, r, g)) continue;
                 const float *q = A->qkv + r * A->qkv_width + (h0 + i / rows) * d;
                 float *sc = R->sc + i * ATT_PART - p0; /* position p's score at sc[p] */
                 for (int64_t p = b; p < stop; p += VW) {
@@ -552,18 +574,18 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
         }
         for (int64_t i = 0; i < queries; i++) {
             int64_t seen = A->start + r0 + i % rows + 1;
-            if (seen > p0)
+            if (sees(A, r0 + i % rows, g))
                 tops[4 * i + 1] = softmax_in_place(R->sc + i * ATT_PART, (seen < pend ? seen : pend) - p0, tops + 4 * i);
         }
         for (int64_t b = p0; b < pend; b += ATT_BLOCK) {
-            ask_block(keys, values, s0 + blocks + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, g1, end, d);
+            ask_block(keys, values, s0 + blocks + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, lo, g1, end, d);
             widen_block(values, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
             for (int64_t i = 0; i < queries;) {
                 int64_t pick[2], live = 0, stop[2] = {0, 0};
                 float *out[2] = {NULL, NULL};
                 for (; i < queries && live < 2; i++) { /* the next two queries that see block b */
                     int64_t r = r0 + i % rows, seen = A->start + r + 1;
-                    if (b >= seen) continue;
+                    if (b >= seen || !sees(A, r, g)) continue;
                     stop[live] = (b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen) - b;
                     out[live] = part_sum(A, R, i, r, h0 + i / rows, g);
                     pick[live++] = i;
@@ -581,7 +603,7 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
         }
         for (int64_t i = 0; i < queries; i++) {
             int64_t r = r0 + i % rows, h = h0 + i / rows;
-            if (A->start + r + 1 <= p0) continue; /* the row does not see part g */
+            if (!sees(A, r, g)) continue;
             if (A->parts) {
                 float *t = A->tops + ((g * A->split_rows + r - A->first) * A->n_heads + h) * 2;
                 t[0] = tops[4 * i], t[1] = tops[4 * i + 1];
@@ -607,7 +629,7 @@ static void merge_parts(const Attention *A, int64_t r, int64_t h) {
     int64_t at = (r - A->first) * A->n_heads + h, stride = A->split_rows * A->n_heads;
     float *out = A->att + (r * A->n_heads + h) * d, top = A->tops[2 * at], sum = A->tops[2 * at + 1];
     memcpy(out, A->parts + at * d, sizeof(float) * (size_t)d);
-    for (int64_t g = 1; g < parts; g++)
+    for (int64_t g = first_recent(A, A->start + r + 1); g < parts; g++)
         fold_part(out, &top, &sum, A->parts + (g * stride + at) * d, A->tops[2 * (g * stride + at)],
                   A->tops[2 * (g * stride + at) + 1], lanes);
     float inv = 1.0f / sum;
@@ -660,7 +682,8 @@ void stack_phases(double *out, int reset) {
    (scripts/forward_overhead.py; docs/speed.md). */
 int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
                   uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
-                  int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm, int threads) {
+                  int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm, int threads,
+                  int64_t window) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
     float *h = lines(sizeof(float) * (size_t)(n * hidden));
     float *qkv = lines(sizeof(float) * (size_t)(n * qkv_width));
@@ -723,12 +746,15 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                 int split = may_split && blocks == 1;
                 Attention A = {qkv, keys, values, att, split ? split_room : NULL,
                                split ? split_room + parts * task_rows * n_heads * d : NULL,
-                               qkv_width, start, n_heads, capacity, d, first, task_rows, scale};
+                               qkv_width, start, n_heads, capacity, d, first, task_rows, window, scale};
                 if (split) {
 #pragma omp for schedule(dynamic, 1) nowait
-                    for (int64_t t = 0; t < n_kv * parts; t++)
-                        attend_group(&A, &room_me, t / parts, first, n, t / parts * group, (t / parts + 1) * group,
-                                     t % parts, t % parts + 1);
+                    for (int64_t t = 0; t < n_kv * parts; t++) {
+                        int64_t g = t % parts; /* a part before the window of every row: nothing to read */
+                        if (g == 0 || g >= first_recent(&A, start + first + 1))
+                            attend_group(&A, &room_me, t / parts, first, n, t / parts * group,
+                                         (t / parts + 1) * group, g, g + 1);
+                    }
                     team_wait(&bar);
 #pragma omp for schedule(static) nowait
                     for (int64_t u = 0; u < (n - first) * n_heads; u++) merge_parts(&A, first + u / n_heads, u % n_heads);

@@ -65,6 +65,7 @@ Q6_PART = 16  # inputs per 6-bit scale
 # The 4-bit product, and the drafter's whole decoder stack built on it; the header
 # they share counts toward the build's tag.
 _SOURCES = [Path(__file__).with_name(name) for name in ("int4_gemm.c", "decoder_stack.c")]
+_STACK_ARGS = 19  # decoder_stack's, the attention window last
 _HEADERS = [Path(__file__).with_name("int4_gemm.h")]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 # The instruction sets the kernels are written for, best first (the C sources
@@ -148,10 +149,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
     lib.amx_rows.restype = ctypes.c_int
     lib.amx_rows.argtypes = []
-    lib.decoder_stack.restype = ctypes.c_int
+    lib.decoder_stack.restype = ctypes.c_int  # _STACK_ARGS arguments
     lib.decoder_stack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                  ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+                                  ctypes.c_void_p, *[ctypes.c_int64] * 5, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                  ctypes.c_int64]
     return lib
 
 
@@ -667,12 +669,14 @@ class DecoderStack:
         self.inter = sum(p.out_features for p in gate_up) // 2
 
     def __call__(self, x: torch.Tensor, start: int, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 needed: int | None = None) -> None:
+                 needed: int | None = None, window: int = 0) -> None:
         """x [n, hidden] float32 (the embeddings of positions start..) becomes, in
         place, the last layer's residual stream in its last `needed` rows (None: all;
         the other rows are left partway), through the final norm where the stack was
         given one; the new keys and values of every row go into kv [layers, 2, kv
-        heads, capacity, head_dim] (fp16, contiguous)."""
+        heads, capacity, head_dim] (fp16, contiguous). window: 0, or a query reads
+        only the first 256 positions and the 256-position parts holding its last
+        `window` (LeanLlama.window)."""
         lib = _library()
         if isinstance(lib, KernelUnavailable):
             raise lib
@@ -684,7 +688,11 @@ class DecoderStack:
             raise ValueError("the decoder stack got tensors of the wrong shape")
         n = x.shape[0]
         needed = n if needed is None else min(max(needed, 0), n)
+        # A build from before windows (the A/B scripts' older revisions) takes one argument less.
+        extra = (window,) if len(lib.decoder_stack.argtypes) == _STACK_ARGS else ()
+        if window and not extra:
+            raise TypeError("this build of the decoder stack has no attention window")
         if lib.decoder_stack(x.data_ptr(), n, needed, start, self._layers, len(self._layers), kv.data_ptr(),
                              kv.shape[3], cos.data_ptr(), sin.data_ptr(), self.hidden, self.n_heads, self.n_kv,
-                             self.head_dim, self.inter, self.eps, self._final_norm, torch.get_num_threads()):
+                             self.head_dim, self.inter, self.eps, self._final_norm, torch.get_num_threads(), *extra):
             raise MemoryError("out of memory in the 4-bit decoder stack")

@@ -51,6 +51,7 @@ _STACK_ROWS = 256
 # rounding grew those last-bit differences into other tokens (Qwen2.5-Coder-0.5B:
 # 21 of 40 replies unlike plain decoding's; docs/speed.md).
 EXACT_ROWS = 16
+ATT_PART = 256  # decoder_stack.c's softmax part: a window reads whole parts
 
 Projection = Callable[[torch.Tensor], torch.Tensor]  # [n, in] -> [n, out]
 
@@ -153,10 +154,14 @@ class LeanLlama:
         share: bool = False,
         int4: bool = False,
         layout: int = Q4_1,
+        window: int = 0,
     ):
         """The drafter's runtime (see the module docstring); share=True is the
         target's (use LeanLlama.sharing). adapter: a target's learned change to
-        the projections, by module path (AdapterStore.low_rank_state)."""
+        the projections, by module path (AdapterStore.low_rank_state). window: 0,
+        or attention reads a query's first ATT_PART positions and the ATT_PART-
+        position parts that hold its last `window` (a drafter's, whose bits decide
+        nothing: see DraftSettings.window)."""
         cfg = hf_model.config
         why = supports(cfg)
         if why:
@@ -193,6 +198,7 @@ class LeanLlama:
         huge_pages.gather(self._placeable(self.layers, self.head))
         self.stack = self._stack()
         self.max_len = max_len
+        self.window = window
         # The one-call stack keeps keys and values in fp16 (decoder_stack.c: half
         # the bytes a long chat's step reads); the torch layers read the same
         # cache, widened, so the two ways still compute alike.
@@ -366,6 +372,15 @@ class LeanLlama:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
+    def _window_mask(self, start: int, n: int) -> torch.Tensor:
+        """The positions each new row reads with a window, as decoder_stack.c's
+        first_recent picks them: the first ATT_PART, and the parts of ATT_PART
+        that hold the row's last `window` positions."""
+        seen = torch.arange(start + 1, start + n + 1)[:, None]
+        pos = torch.arange(start + n)[None, :]
+        recent = torch.clamp((seen - self.window) // ATT_PART, min=1) * ATT_PART
+        return (pos < seen) & ((pos < ATT_PART) | (pos >= recent))
+
     def _attend(self, q, k, v, mask):
         """Grouped-query attention. The query heads that share a key/value head are
         stacked as rows of one query (head-major, the causal mask repeated per
@@ -399,10 +414,12 @@ class LeanLlama:
                 rows = min(_STACK_ROWS, n - first)
                 # The rows whose output _finish reads; the rest need only their keys and values.
                 needed = rows if not last else rows - max(0, n - last - first)
-                self.stack(x[first : first + rows], start + first, self.kv, self.cos, self.sin, needed)
+                self.stack(x[first : first + rows], start + first, self.kv, self.cos, self.sin, needed, self.window)
             return self._finish(x, new, last, normed=True)
         mask = None
-        if n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
+        if self.window:  # every row through one masked call: a drafter's bits need not be its steps'
+            mask = self._window_mask(start, n).repeat(hq // hk, 1)
+        elif n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
         for layer, (ln1, qkv_proj, o_proj, ln2, gate_up_proj, down_proj) in enumerate(self.layers):
             qkv = qkv_proj(self._norm(x, ln1))
@@ -413,7 +430,7 @@ class LeanLlama:
             cache = self.kv[layer]
             cache[0, :, start:end] = self._storable(k)
             cache[1, :, start:end] = self._storable(v.view(n, hk, d).transpose(0, 1))
-            if 1 < n <= EXACT_ROWS:
+            if 1 < n <= EXACT_ROWS and not self.window:
                 att = torch.cat([self._attend(q[:, i : i + 1], cache[0, :, : start + i + 1],
                                               cache[1, :, : start + i + 1], None) for i in range(n)], dim=1)
             else:
