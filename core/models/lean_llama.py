@@ -417,7 +417,11 @@ class LeanLlama:
                 self.stack(x[first : first + rows], start + first, self.kv, self.cos, self.sin, needed, self.window)
             return self._finish(x, new, last, normed=True)
         mask = None
-        if self.window:  # every row through one masked call: a drafter's bits need not be its steps'
+        # Past window + ATT_PART positions a window hides some (decoder_stack.c's
+        # first_recent): every row through one masked call then, as a drafter's bits
+        # need not be its one-token steps'.
+        windowed = self.window > 0 and end > self.window + ATT_PART
+        if windowed:
             mask = self._window_mask(start, n).repeat(hq // hk, 1)
         elif n > EXACT_ROWS:  # causal within the new block, everything before it visible; once per query head of a group
             mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start).repeat(hq // hk, 1)
@@ -430,7 +434,7 @@ class LeanLlama:
             cache = self.kv[layer]
             cache[0, :, start:end] = self._storable(k)
             cache[1, :, start:end] = self._storable(v.view(n, hk, d).transpose(0, 1))
-            if 1 < n <= EXACT_ROWS and not self.window:
+            if 1 < n <= EXACT_ROWS and not windowed:
                 att = torch.cat([self._attend(q[:, i : i + 1], cache[0, :, : start + i + 1],
                                               cache[1, :, : start + i + 1], None) for i in range(n)], dim=1)
             else:
