@@ -120,7 +120,7 @@ def main() -> None:
         if llama:
             runs["llamacpp"] = llama[1](messages, cfg)
         plain, omni = runs["plain"], runs["omnidraft"]
-        turn = {"turn": t + 1, "context_tokens": len(engine.encode(messages).ids), "history_tokens": history,
+        turn = {"turn": t + 1, "context_tokens": len(now), "history_tokens": history,
                 "same_reply": plain["text"] == omni["text"],
                 "speedup": round(omni["tokens_per_s"] / plain["tokens_per_s"], 3),
                 "decoding_speedup": round(omni["decoding_tokens_per_s"] / plain["decoding_tokens_per_s"], 3),

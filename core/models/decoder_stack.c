@@ -524,10 +524,16 @@ typedef struct {
     float *sc, *tops, *o, *wide;
 } AttRoom;
 
+/* Query (row r, head h)'s part g in a split's room: its sum at A->parts + this * d,
+   its top and sum of numerators at A->tops + this * 2. */
+static inline int64_t split_at(const Attention *A, int64_t g, int64_t r, int64_t h) {
+    return (g * A->split_rows + r - A->first) * A->n_heads + h;
+}
+
 /* Where query (row r, head h)'s sum over part g goes: the split's room, else the
    result itself (the first part) or the thread's room (later parts, to fold in). */
 static float *part_sum(const Attention *A, const AttRoom *R, int64_t i, int64_t r, int64_t h, int64_t g) {
-    if (A->parts) return A->parts + ((g * A->split_rows + r - A->first) * A->n_heads + h) * A->d;
+    if (A->parts) return A->parts + split_at(A, g, r, h) * A->d;
     return g == 0 ? A->att + (r * A->n_heads + h) * A->d : R->o + i * A->d;
 }
 
@@ -605,7 +611,7 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
             int64_t r = r0 + i % rows, h = h0 + i / rows;
             if (!sees(A, r, g)) continue;
             if (A->parts) {
-                float *t = A->tops + ((g * A->split_rows + r - A->first) * A->n_heads + h) * 2;
+                float *t = A->tops + split_at(A, g, r, h) * 2;
                 t[0] = tops[4 * i], t[1] = tops[4 * i + 1];
             } else if (g == 0) {
                 tops[4 * i + 2] = tops[4 * i], tops[4 * i + 3] = tops[4 * i + 1];
@@ -626,12 +632,13 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
    attend_group folds them. */
 static void merge_parts(const Attention *A, int64_t r, int64_t h) {
     int64_t d = A->d, lanes = d / VW, parts = (A->start + r + ATT_PART) / ATT_PART; /* those row r sees */
-    int64_t at = (r - A->first) * A->n_heads + h, stride = A->split_rows * A->n_heads;
+    int64_t at = split_at(A, 0, r, h);
     float *out = A->att + (r * A->n_heads + h) * d, top = A->tops[2 * at], sum = A->tops[2 * at + 1];
     memcpy(out, A->parts + at * d, sizeof(float) * (size_t)d);
-    for (int64_t g = first_recent(A, A->start + r + 1); g < parts; g++)
-        fold_part(out, &top, &sum, A->parts + (g * stride + at) * d, A->tops[2 * (g * stride + at)],
-                  A->tops[2 * (g * stride + at) + 1], lanes);
+    for (int64_t g = first_recent(A, A->start + r + 1); g < parts; g++) {
+        at = split_at(A, g, r, h);
+        fold_part(out, &top, &sum, A->parts + at * d, A->tops[2 * at], A->tops[2 * at + 1], lanes);
+    }
     float inv = 1.0f / sum;
     for (int64_t l = 0; l < lanes; l++) vstore(out + l * VW, vmul(vload(out + l * VW), vset1(inv)));
 }
