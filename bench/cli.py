@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--methods", default=",".join(METHODS),
         help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
         "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops), "
+        "omnidraft-drawn (under sampling, drafts drawn from the drafter's distribution), "
         "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last), "
         "omnidraft-head4 / omnidraft-head8 (the drafter's LM head in 4 bits / int8), "
         "omnidraft-layersN (drafting with the drafter's first N layers)",
@@ -121,7 +122,7 @@ def _method_list(text: str) -> list[str]:
     unknown = [m for m in names if not is_method(m)]
     if unknown or not names:
         raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
-                         "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced "
+                         "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced or omnidraft-drawn "
                          "or omnidraft-readN (N from 1 to 4096) or omnidraft-head4 / omnidraft-head8 "
                          "or omnidraft-layersN (N from 1 to 99)")
     return list(dict.fromkeys(names))  # keep order, drop repeats

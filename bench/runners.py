@@ -11,6 +11,9 @@
   omnidraft-maxN  the engine's stop rules with at most N drafter tokens per step
   omnidraft-unpriced  the engine's drafting without priced stops (DraftPrices):
              the fixed confidence rule they replace
+  omnidraft-drawn  under sampling, drafts drawn from the drafter's distribution
+             (accepted with min(1, p/q')) instead of its most likely tokens (point
+             masses accepted with the target's p(t)), as omnidraft drafted until Dec 6
   omnidraft-readN  the drafter reads at most N of the prompt's tokens: its first and
              the most recent (1 to 4096)
   omnidraft-head4, omnidraft-head8  the drafter's LM head in 4 bits (the default
@@ -65,6 +68,7 @@ WARMUP_TOKENS = 4
 FIXED_LENGTH = re.compile(r"omnidraft-k([1-9]|1[0-6])")
 CAPPED_LENGTH = re.compile(r"omnidraft-max([1-9]|1[0-6])")
 UNPRICED = "omnidraft-unpriced"
+DRAWN = "omnidraft-drawn"  # under sampling: drafts drawn from the drafter's distribution
 HEAD_BITS = {"omnidraft-head4": 4, "omnidraft-head8": 8}
 LAYERS = re.compile(r"omnidraft-layers([1-9][0-9]?)")  # 1 to 99
 Q4K_DRAFTER = "omnidraft-q4k"
@@ -85,6 +89,8 @@ def draft_overrides(name: str) -> dict | None:
         return {"k": int(match.group(1))}
     if (match := PROMPT_READ.fullmatch(name)) and int(match.group(1)) <= 4096:
         return {"prompt_tokens": int(match.group(1))}
+    if name == DRAWN:
+        return {"draw_drafts": True}
     return {"priced": False} if name == UNPRICED else None
 
 

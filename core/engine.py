@@ -442,6 +442,7 @@ class Engine:
             target_ids=list(ids) + list(reply), target_prompt_len=len(ids),
             drafter_ids=list(drafter_prefix) + drafter_reply, drafter_prompt_len=len(drafter_prefix),
             proposed=done.stats.proposed, accepted=done.stats.accepted, temperature=temperature,
+            drawn=temperature > 0 and self.draft_settings.draw_drafts,
         )
 
     def learner(self) -> Learner:

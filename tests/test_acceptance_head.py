@@ -146,11 +146,22 @@ def test_greedy_labels_say_whether_both_argmaxes_spell_the_reply(smol_tok, gemma
     rows_of, labels = segment_labels(sample, bridge, d_logits, t_logits)
     assert [rows_of[n] for n, y in enumerate(labels) if y == 0.0] == [
         [p - 1 for p in direct_rows], [p - 1 for p in ngram_rows]]
-    # Sampled turns: a direct segment's label is the expected acceptance, Σ min(q, p),
-    # between 0 and 1; n-gram segments get none.
-    hot = replace(sample, temperature=1.0)
-    rows_of, labels = segment_labels(hot, bridge, d_logits, t_logits)
+    # Sampled turns whose drafts were drawn: a direct segment's label is the expected
+    # acceptance, Σ min(q, p), between 0 and 1; n-gram segments get none.
+    drawn = replace(sample, temperature=1.0, drawn=True)
+    rows_of, labels = segment_labels(drawn, bridge, d_logits, t_logits)
     assert len(labels) == sum(direct for *_, direct in segments) and all(0.0 <= y <= 1.0 for y in labels)
+    # Sampled turns whose drafts were the drafter's argmaxes (point masses): the
+    # target's p_T of what the drafter proposes (the reply's token, or at one direct
+    # segment the zebra), and n-gram segments the drafter spells the product over
+    # their target tokens; the one it does not spell gets none.
+    hot = replace(sample, temperature=1.0)
+    rows_of, labels = segment_labels(hot, bridge, d_logits, t_logits * 3)
+    # e^15 against ones (summed in float32: a row rounds apart from another by ~1e-4)
+    p_next, p_other = torch.softmax(t_logits[0] * 3, -1).topk(2).values.tolist()
+    ngram_lengths = [len(t) for d, t, direct in segments if not direct and d != ngram_rows]
+    expected = [p_other] + [p_next] * (sum(direct for *_, direct in segments) - 1) + [p_next**n for n in ngram_lengths]
+    assert len(labels) == len(segments) - 1 and sorted(labels) == pytest.approx(sorted(expected), rel=2e-3)
 
 
 @pytest.fixture

@@ -77,6 +77,17 @@ def test_samples_saved_before_temperatures_were_recorded_load_as_greedy(tmp_path
     assert [s.temperature for s in ReplayBuffer.load(path, keys=keys).samples()] == [0.0, 0.7]
 
 
+def test_sampled_turns_saved_before_drawn_was_recorded_load_as_drawn(tmp_path, keys, smol_tok):
+    """Until Dec 6 every sampled turn's drafts were drawn from the drafter's
+    distribution, which decides its head labels."""
+    path = tmp_path / "buffer.bin"
+    old = {k: v for k, v in vars(_sample(smol_tok)).items() if k != "drawn"}
+    samples = [{**old, "seq": 0}, {**old, "temperature": 0.7, "seq": 1}]
+    save_encrypted(path, {"version": 1, "total_added": 2, "samples": samples}, keys)
+    loaded = ReplayBuffer.load(path, keys=keys).samples()
+    assert [(s.temperature, s.drawn) for s in loaded] == [(0.0, False), (0.7, True)]
+
+
 @pytest.mark.parametrize("damage", ["garbage", "wrong-shape", "bad-sample", "bad-temperature"])
 def test_damaged_file_is_quarantined(tmp_path, keys, damage):
     path = tmp_path / "buffer.bin"

@@ -89,10 +89,12 @@ class SpeculativeDecoder:
         self.pending: int | None = None  # the newest accepted token, not yet in the target's cache
         self.synced: int | None = None  # context tokens the drafter has read (None: not started)
         self.session = target.session()  # the target's KV cache for this reply
-        # Greedy verification needs no draft probabilities, so the drafted text can be
-        # re-tokenized by the target and the drafter's context healed (see
-        # VocabBridge.propose_text); sampling keeps the paper's token mapping (Eq. 1-2).
-        self.text_proposals = cfg.greedy and options.text_proposals and not bridge.same_vocab
+        # Proposals that are point masses (greedy, or the drafter's argmaxes under
+        # sampling) need no draft probabilities, so the drafted text can be re-tokenized
+        # by the target and the drafter's context healed (see VocabBridge.propose_text);
+        # drawn drafts keep the paper's token mapping (Eq. 1-2).
+        points = cfg.greedy or not drafter.settings.draw_drafts
+        self.text_proposals = points and options.text_proposals and not bridge.same_vocab
 
     def prefill(self) -> int:
         """The prompt's forward; it picks the first reply token."""
@@ -135,7 +137,7 @@ class SpeculativeDecoder:
             merged = self.bridge.propose_text(draft.ids, draft.held)
         else:
             merged = self.bridge.propose(
-                draft.ids, self.options.use_ngram_cache, single_target=not self.cfg.greedy
+                draft.ids, self.options.use_ngram_cache, single_target=draft.dists is not None
             )
         tokens = merged.target_ids[: self.options.max_proposals]
         spans = merged.spans[: len(tokens)]

@@ -251,10 +251,11 @@ class VocabBridge:
         """q' over the target vocabulary at one position (Eq. 2): the drafter's
         distribution carried over by direct mapping; for an n-gram, the merged token
         gets the product of its pieces and its first piece's token only the remainder.
-        A lookup proposal (empty span) is a point mass on its token. draft: the
-        drafted run (ids, dists) the span indexes."""
+        A lookup proposal (empty span) or an undrawn draft (no dists: the drafter's
+        most likely tokens) is a point mass on its token. draft: the drafted run
+        (ids, dists) the span indexes."""
         out = torch.zeros(vocab)
-        if not span:
+        if not span or draft.dists is None:
             out[token] = 1.0
             return out
         first_id = draft.ids[span[0]]

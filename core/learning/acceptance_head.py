@@ -36,9 +36,13 @@ with p and q' as the turn's verification saw them:
   label is 1 when the target's argmax is the drafter's argmax carried to
   target space (direct segment), or when both models' argmaxes spell the
   segment token by token (n-gram segment); else 0;
-* temperature T > 0, direct segment: its expectation over what the drafter
-  samples, Σ_x min(q_T(x), p_T(map x)); n-gram segments of sampled turns get
-  no label (what the drafter would sample there is not one text).
+* temperature T > 0: the drafter proposes its argmax there too (a point mass,
+  DraftSettings.draw_drafts), accepted with the target's p_T of it, so a direct
+  segment's label is p_T(map argmax q), and an n-gram segment's the product of
+  p_T over its target tokens when the drafter's argmaxes spell it, else none
+  (what it would propose instead is another text). Turns recorded with
+  `drawn` (drafts drawn from q_T) label a direct segment with the expectation
+  over the draw, Σ_x min(q_T(x), p_T(map x)), and no n-gram segment.
 The segment's predicted chance is the product of its drafter tokens' P; the
 loss is BCE of it against the label, averaged per turn and then over the
 batch (each turn weighs the same, whatever its length, as in the
@@ -154,11 +158,20 @@ def segment_labels(
             t_idx = [t - 1 - target_offset for t in t_pos]
             if min(d_idx + t_idx) < 0 or max(d_idx) >= d_rows or max(t_idx) >= t_rows:
                 continue  # the logits that predict this segment were not computed
-            if temperature > 0:
+            if temperature > 0 and sample.drawn:
                 if not direct:
                     continue
                 label = float(_reverse_kl(drafter_logits[d_idx].float() / temperature,
                                           target_logits[t_idx].float() / temperature, bridge)[1][0])
+            elif temperature > 0:
+                p = torch.softmax(target_logits[t_idx].float() / temperature, -1)
+                if direct:
+                    tok = int(to_target[d_best[d_idx[0]]])
+                    label = float(p[0, tok]) if tok >= 0 else 0.0
+                elif all(int(d_best[r]) == sample.drafter_ids[d] for r, d in zip(d_idx, d_pos)):
+                    label = float(p[torch.arange(len(t_pos)), torch.tensor([sample.target_ids[t] for t in t_pos])].prod())
+                else:
+                    continue
             elif direct:
                 label = float(to_target[d_best[d_idx[0]]] == t_best[t_idx[0]])
             else:

@@ -47,7 +47,7 @@ _LENGTH = struct.Struct(">I")
 # The log is rewritten when it holds more than twice the live records and this much.
 COMPACT_FLOOR_BYTES = 1 << 20
 # Fields added after the format's first version, with what older samples get.
-OPTIONAL = {"temperature": 0.0}
+OPTIONAL = {"temperature": 0.0, "drawn": None}
 
 
 @dataclass
@@ -65,6 +65,10 @@ class Sample:
     # accepted drafts (the acceptance head's labels). Buffers saved before it was
     # recorded load with 0, the app's default.
     temperature: float = 0.0
+    # Whether its drafts were drawn from the drafter's distribution (sampling only;
+    # DraftSettings.draw_drafts) rather than its most likely tokens: the head's labels
+    # differ. Sampled turns saved before it was recorded were drawn.
+    drawn: bool = False
     # Assigned by the buffer: a number no other sample of this buffer ever had, so
     # the learner can tell which samples a pass has already trained on.
     seq: int = -1
@@ -98,6 +102,10 @@ class Sample:
         if type(t) not in (int, float) or not 0 <= t < float("inf"):
             raise CorruptStateError(path, "a sample's temperature is not a temperature")
         values["temperature"] = float(t)
+        if values["drawn"] is None:
+            values["drawn"] = values["temperature"] > 0
+        if type(values["drawn"]) is not bool:
+            raise CorruptStateError(path, "a sample's drawn is not true or false")
         sample = cls(**values)
         if not 0 <= sample.target_prompt_len <= len(sample.target_ids) or not (
             0 <= sample.drafter_prompt_len <= len(sample.drafter_ids)
