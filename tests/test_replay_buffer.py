@@ -88,15 +88,16 @@ def test_sampled_turns_saved_before_drawn_was_recorded_load_as_drawn(tmp_path, k
     assert [(s.temperature, s.drawn) for s in loaded] == [(0.0, False), (0.7, True)]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "wrong-shape", "bad-sample", "bad-temperature"])
+@pytest.mark.parametrize("damage", ["garbage", "wrong-shape", "bad-sample", "bad-temperature", "bad-drawn"])
 def test_damaged_file_is_quarantined(tmp_path, keys, damage):
     path = tmp_path / "buffer.bin"
     if damage == "garbage":
         path.write_bytes(b"\x00not encrypted at all")
     elif damage == "wrong-shape":
         save_encrypted(path, ["not", "a", "buffer"], keys)
-    elif damage == "bad-temperature":
-        sample = {**vars(Sample([1, 2], 1, [3], 1)), "temperature": "hot"}
+    elif damage in ("bad-temperature", "bad-drawn"):
+        bad = {"temperature": "hot"} if damage == "bad-temperature" else {"drawn": "yes"}
+        sample = {**vars(Sample([1, 2], 1, [3], 1)), **bad}
         save_encrypted(path, {"total_added": 1, "samples": [sample]}, keys)
     else:
         save_encrypted(path, {"total_added": 1, "samples": [{"target_ids": "abc"}]}, keys)
