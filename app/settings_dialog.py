@@ -67,7 +67,8 @@ class SettingsDialog(QDialog):
         self.original = settings
 
         self.temperature = _double(0.0, 2.0, 0.1, 2, settings.temperature)
-        self.temperature.setToolTip("0 = greedy: the reply is exactly what plain decoding gives")
+        self.temperature.setToolTip("0 = greedy: the reply is exactly what plain decoding gives. Above 0 it is "
+                                    "sampled from the model's own distribution, drafted or not")
         self.top_p = _double(0.05, 1.0, 0.05, 2, settings.top_p)
         self.max_tokens = _int(1, 8192, settings.max_new_tokens, " tokens")
         self.system_prompt = QPlainTextEdit(settings.system_prompt)
