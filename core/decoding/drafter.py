@@ -223,7 +223,7 @@ class Drafter:
         draft on while prod(P_i) * P_i is at least it. bias: ChanceCalibration's,
         added to each P_i's logit."""
         k = k or self.settings.k
-        point = cfg.greedy or not self.settings.draw_drafts  # the most likely token, not a draw
+        point = self.proposes_points(cfg)
         out = Draft([], [], None if point else [], held=self.held)
         logits, hidden = self._logits, self._hidden
         if logits is None:
@@ -261,6 +261,11 @@ class Drafter:
             out.forwards += 1
             out.forward_seconds += time.perf_counter() - start
         return out
+
+    def proposes_points(self, cfg: GenerationConfig) -> bool:
+        """Whether drafts are the drafter's most likely tokens (point masses: greedy,
+        or undrawn under sampling) rather than draws from its distribution."""
+        return cfg.greedy or not self.settings.draw_drafts
 
     def _stop(self, p: float, all_accepted: float, price: float | None) -> bool:
         """Whether to stop after a token whose chance is p (all_accepted: the product

@@ -93,8 +93,7 @@ class SpeculativeDecoder:
         # sampling) need no draft probabilities, so the drafted text can be re-tokenized
         # by the target and the drafter's context healed (see VocabBridge.propose_text);
         # drawn drafts keep the paper's token mapping (Eq. 1-2).
-        points = cfg.greedy or not drafter.settings.draw_drafts
-        self.text_proposals = points and options.text_proposals and not bridge.same_vocab
+        self.text_proposals = drafter.proposes_points(cfg) and options.text_proposals and not bridge.same_vocab
 
     def prefill(self) -> int:
         """The prompt's forward; it picks the first reply token."""

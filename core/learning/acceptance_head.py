@@ -158,6 +158,8 @@ def segment_labels(
             t_idx = [t - 1 - target_offset for t in t_pos]
             if min(d_idx + t_idx) < 0 or max(d_idx) >= d_rows or max(t_idx) >= t_rows:
                 continue  # the logits that predict this segment were not computed
+            # Whether the drafter's argmaxes spell an n-gram segment's drafter tokens.
+            spelled = not direct and all(int(d_best[r]) == sample.drafter_ids[d] for r, d in zip(d_idx, d_pos))
             if temperature > 0 and sample.drawn:
                 if not direct:
                     continue
@@ -168,14 +170,13 @@ def segment_labels(
                 if direct:
                     tok = int(to_target[d_best[d_idx[0]]])
                     label = float(p[0, tok]) if tok >= 0 else 0.0
-                elif all(int(d_best[r]) == sample.drafter_ids[d] for r, d in zip(d_idx, d_pos)):
+                elif spelled:
                     label = float(p[torch.arange(len(t_pos)), torch.tensor([sample.target_ids[t] for t in t_pos])].prod())
                 else:
                     continue
             elif direct:
                 label = float(to_target[d_best[d_idx[0]]] == t_best[t_idx[0]])
             else:
-                spelled = all(int(d_best[r]) == sample.drafter_ids[d] for r, d in zip(d_idx, d_pos))
                 taken = all(int(t_best[r]) == sample.target_ids[t] for r, t in zip(t_idx, t_pos))
                 label = float(spelled and taken)
             rows_of.append(d_idx)
