@@ -17,8 +17,12 @@
   omnidraft-readN  the drafter reads at most N of the prompt's tokens: its first and
              the most recent (1 to 4096)
   omnidraft-head4, omnidraft-head8  the drafter's LM head in 4 bits (the default
-             beside 4-bit layers) or int8: what a drafted token costs against
-             what it drafts (docs/drafter.md)
+             beside 4-bit layers) or int8, over the default head's token ids: what
+             a drafted token costs against what it drafts (docs/drafter.md)
+  omnidraft-vocabN  the drafter's 4-bit LM head over its first N token ids (256 to
+             65536; the default 32,768, DraftSettings.head_tokens; BPE ids run
+             roughly by frequency): fewer bytes a drafted token against the
+             proposals above N it cannot make
   omnidraft-layersN  drafting with the drafter's first N layers only (then its final
              norm and LM head), untrained for it; refused while an adapter is loaded
   omnidraft-q4k  the drafter's 4-bit layers and head rounded onto Q4_K's grid (4.5
@@ -70,6 +74,7 @@ CAPPED_LENGTH = re.compile(r"omnidraft-max([1-9]|1[0-6])")
 UNPRICED = "omnidraft-unpriced"
 DRAWN = "omnidraft-drawn"  # under sampling: drafts drawn from the drafter's distribution
 HEAD_BITS = {"omnidraft-head4": 4, "omnidraft-head8": 8}
+HEAD_ROWS = re.compile(r"omnidraft-vocab([1-9][0-9]{2,4})")  # 100 to 99999; 256 to 65536 taken
 LAYERS = re.compile(r"omnidraft-layers([1-9][0-9]?)")  # 1 to 99
 Q4K_DRAFTER = "omnidraft-q4k"
 PROMPT_READ = re.compile(r"omnidraft-read([1-9][0-9]{0,3})")  # 1 to 4096
@@ -94,8 +99,14 @@ def draft_overrides(name: str) -> dict | None:
     return {"priced": False} if name == UNPRICED else None
 
 
+def head_rows(name: str) -> int | None:
+    """N for a method named omnidraft-vocabN (256 to 65536), else None."""
+    match = HEAD_ROWS.fullmatch(name)
+    return int(match.group(1)) if match and 256 <= int(match.group(1)) <= 65536 else None
+
+
 def is_method(name: str) -> bool:
-    return name in METHODS or name in HEAD_BITS or name == Q4K_DRAFTER or LAYERS.fullmatch(name) is not None or (
+    return name in METHODS or name in HEAD_BITS or head_rows(name) is not None or name == Q4K_DRAFTER or LAYERS.fullmatch(name) is not None or (
         draft_overrides(name) is not None)
 
 
@@ -237,8 +248,9 @@ def variant_runner(engine: Engine, overrides: dict, chat: bool = False) -> Runne
     return run
 
 
-def head_runner(engine: Engine, bits: int, chat: bool = False) -> Runner:
-    """omnidraft with the drafter's LM head in `bits` (4 or 8) for the call, its
+def head_runner(engine: Engine, bits: int, chat: bool = False, rows: int | None = None) -> Runner:
+    """omnidraft with the drafter's LM head in `bits` (4 or 8) over its first
+    `rows` token ids (None: as many as the engine's own head) for the call, its
     own head restored after."""
     speculative = engine_runner(engine, True, chat)
     head: list[DraftLinear] = []  # built on the first call, once the drafter is loaded
@@ -247,7 +259,8 @@ def head_runner(engine: Engine, bits: int, chat: bool = False) -> Runner:
         net = engine.drafter.net
         if not head:
             weight = engine.drafter_model.model.get_output_embeddings().weight
-            head.append(DraftLinear(weight.detach().to(net.dtype).contiguous(), None, True, bits == 4))
+            rows_kept = rows or engine.draft_settings.head_tokens  # head4 / head8: the shipped head's ids
+            head.append(DraftLinear(weight[:rows_kept].detach().to(net.dtype).contiguous(), None, True, bits == 4))
         with swapped(net, head=head[0]):
             return speculative(prompt, cfg)
 
@@ -267,7 +280,7 @@ def other_drafter_runner(engine: Engine, name: str, chat: bool = False, **net_ar
         if not other:
             full = drafter.net
             other.append(LeanLlama(engine.drafter_model.model, max_len=full.max_len, int8=full.int8,
-                                   int4=full.int4, **net_args))
+                                   int4=full.int4, head_rows=engine.draft_settings.head_tokens, **net_args))
         drafter.forget_context()  # the drafter's context lives in its net's cache: empty it on each swap
         with swapped(drafter, net=other[0]):
             try:
@@ -419,6 +432,8 @@ def build_methods(
             run = variant_runner(engine, overrides, args.chat)
         elif name in HEAD_BITS:
             run = head_runner(engine, HEAD_BITS[name], args.chat)
+        elif (rows := head_rows(name)) is not None:
+            run = head_runner(engine, 4, args.chat, rows)
         elif match := LAYERS.fullmatch(name):
             run = other_drafter_runner(engine, "omnidraft-layersN", args.chat, num_layers=int(match.group(1)))
         elif name == Q4K_DRAFTER:

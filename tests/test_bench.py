@@ -135,8 +135,9 @@ def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, pr
 def test_the_drafter_heads_precision_and_a_shorter_or_coarser_drafter_change_no_token(tiny_target, prompts_file,
                                                                                      tmp_path):
     _drafting_variants(tiny_target, prompts_file, tmp_path,
-                       ["omnidraft-head4", "omnidraft-head8", "omnidraft-layers1", "omnidraft-q4k"])
+                       ["omnidraft-head4", "omnidraft-head8", "omnidraft-vocab256", "omnidraft-layers1", "omnidraft-q4k"])
     assert runners.is_method("omnidraft-layers99") and not runners.is_method("omnidraft-layers0")
+    assert runners.head_rows("omnidraft-vocab65536") == 65536 and not runners.is_method("omnidraft-vocab255")
 
 
 def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home):

@@ -644,6 +644,23 @@ def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_comp
     torch.testing.assert_close(run(True), run(False), atol=5e-3, rtol=5e-3)
 
 
+def test_a_4_bit_head_over_the_first_ids_gives_the_full_heads_bits_there(qwen_tok):
+    """The drafter's shorter LM head (DraftSettings.head_tokens) keeps rows whole: each
+    token's logit is the full 4-bit head's, bit for bit, after a prompt and a step."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(len(qwen_tok), seed=3)
+    full, short = (LeanLlama(model, int8=True, int4=True, head_rows=rows) for rows in (None, 2048))
+    assert short.head.kernel_weights is not None
+    for net in (full, short):
+        net.reset()
+    for ids in (list(range(100, 141)), [7]):
+        wide, narrow = full.forward(ids)[0], short.forward(ids)[0]
+        assert narrow.shape[-1] == 2048 and torch.equal(narrow, wide[:, :2048])
+
+
 @pytest.mark.parametrize("build", ["llama+adapter", "qwen2"])
 def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, qwen_tok):
     """The stack's threads split every loop and product between them and meet at the

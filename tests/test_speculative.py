@@ -115,6 +115,27 @@ def test_speculative_sampling_emits_the_target_distribution(draw):
     assert ((counts - n * p).abs() < 4 * sigma).all(), (counts / n).tolist()
 
 
+def test_a_drafter_with_a_shorter_head_drafts_only_its_first_ids_and_changes_no_token(smol_tok):
+    """DraftSettings.head_tokens: the drafter's logits are its full head's over the
+    first N ids, it proposes nothing above them, and the reply is plain decoding's."""
+    target = tiny_llama(len(smol_tok), seed=3)
+    full = lean_drafter(target, smol_tok, head_tokens=None)
+    short = lean_drafter(target, smol_tok, k=4, head_tokens=4096)
+    context = list(range(5000, 5020))  # the tiny random model repeats its last token
+    wide = full.score(context)
+    assert wide.numel() == len(smol_tok) and int(wide.argmax()) >= 4096  # the full head's choice is out of reach
+    torch.testing.assert_close(short.score(context), wide[:4096])
+    proposed = []
+    real_draft = short.draft
+    short.draft = lambda *a, **kw: proposed.append(d := real_draft(*a, **kw)) or d
+    cfg = GenerationConfig(max_new_tokens=16)
+    plain = run_plain(target, smol_tok, PROMPTS[0], cfg)
+    spec = _run_spec(target, smol_tok, short, VocabBridge(smol_tok, smol_tok), PROMPTS[0], cfg, prompt_lookup=False)
+    assert spec.token_ids == plain.token_ids
+    ids = [t for d in proposed for t in d.ids]
+    assert ids and max(ids) < 4096
+
+
 def test_sampled_replies_propose_the_drafters_likeliest_tokens(smol_tok):
     """Undrawn drafts under sampling (the default) reach verification and are
     accepted where the target agrees: the tiny random models both repeat the last

@@ -129,13 +129,15 @@ def tiny_engine(folder: Path, model, tokenizer):
 
 def lean_drafter(model, tokenizer, **settings):
     """A Drafter on `model` in float32 that drafts whatever its confidence (tests
-    set what they need: k, min_confidence, gamma)."""
+    set what they need: k, min_confidence, gamma), over its whole vocabulary: the
+    shipped head's cut (DraftSettings.head_tokens) follows SmolLM2's BPE order,
+    which a random model's likeliest tokens do not."""
     from omnidraft.core.decoding.drafter import Drafter, DraftSettings
     from omnidraft.core.models.catalog import ModelEntry
     from omnidraft.core.models.loader import LoadedModel
 
     loaded = LoadedModel(ModelEntry("tiny", "tiny drafter", ""), model, tokenizer, 0.0)
-    return Drafter(loaded, DraftSettings(**{"int8": False, "min_confidence": 0.0, **settings}), max_len=512)
+    return Drafter(loaded, DraftSettings(**{"int8": False, "min_confidence": 0.0, "head_tokens": None, **settings}), max_len=512)
 
 
 def drafter_prediction(engine):

@@ -61,6 +61,12 @@ class DraftSettings:
     # of p); undrawn, omnidraft ran 1.27x / 1.36x plain raw / chat at temperature 0.7
     # against 1.19x / 1.30x drawn (docs/speed.md, "Sampled replies").
     draw_drafts: bool = False
+    # The LM head over the drafter's first N token ids only (None: all). BPE ids run
+    # roughly by frequency, and after a target step the head's bytes come from memory
+    # with the layers': over SmolLM2's first 32,768 of 49,152 ids a drafted token
+    # reads a third less head, drafting 6-7% cheaper a step for a drafter's own
+    # acceptance 0.008 lower raw (docs/drafter.md, "A shorter LM head").
+    head_tokens: int | None = 32768
 
 
 def first_and_recent(ids: list[int], count: int) -> list[int]:
@@ -99,7 +105,7 @@ class Drafter:
         self.max_len = max_len
         self.net = LeanLlama(
             loaded.model, num_layers=self.settings.num_layers, max_len=max_len, int8=self.settings.int8,
-            int4=self.settings.int4, window=self.settings.window,
+            int4=self.settings.int4, window=self.settings.window, head_rows=self.settings.head_tokens,
         )
         self.context: list[int] = []  # prefix + reply tokens (the accepted text)
         self.prefix: list[int] = []

@@ -155,13 +155,16 @@ class LeanLlama:
         int4: bool = False,
         layout: int = Q4_1,
         window: int = 0,
+        head_rows: int | None = None,
     ):
         """The drafter's runtime (see the module docstring); share=True is the
         target's (use LeanLlama.sharing). adapter: a target's learned change to
         the projections, by module path (AdapterStore.low_rank_state). window: 0,
         or attention reads a query's first ATT_PART positions and the ATT_PART-
         position parts that hold its last `window` (a drafter's, whose bits decide
-        nothing: see DraftSettings.window)."""
+        nothing: see DraftSettings.window). head_rows: a drafter's LM head over its
+        first head_rows token ids only (None: all; DraftSettings.head_tokens), so
+        its logits are that long."""
         cfg = hf_model.config
         why = supports(cfg)
         if why:
@@ -194,7 +197,7 @@ class LeanLlama:
         if share:
             self.head: Projection = self._own(head)
         else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (docs/drafter.md)
-            self.head = DraftLinear(self._w(head.weight), None, self.int8, self.int4, layout=self.layout)
+            self.head = DraftLinear(self._w(head.weight[:head_rows]), None, self.int8, self.int4, layout=self.layout)
         huge_pages.gather(self._placeable(self.layers, self.head))
         self.stack = self._stack()
         self.max_len = max_len
