@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from omnidraft.core.decoding.drafter import Drafter, DraftSettings
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, bundled_path
+from omnidraft.core.models.int4 import kernel_isa
 from omnidraft.core.models.loader import load
 from omnidraft.core.models.target_runtime import TargetRunner
 
@@ -155,6 +156,7 @@ def main() -> None:
         "target": args.target,
         "context_tokens": args.context_tokens,
         "threads": torch.get_num_threads(),
+        "kernel": kernel_isa(),  # the kernels' build (OMNIDRAFT_KERNEL_ISA picks one by name)
         "rows": list(ROWS),
         "target_transformers_ms": target_ms(TargetRunner(target.model, lean=False), t_ids, args.reps),
         "drafter_ms": drafter_ms(drafter, d_ids, args.reps),

@@ -115,6 +115,21 @@ def test_every_instruction_set_gives_the_same_bits():
         assert all(torch.equal(results[0], other) for other in results[1:])
 
 
+def test_avx_vnni_cpus_get_the_vnni_build_and_it_compiles(monkeypatch):
+    """Intel's desktop CPUs since Alder Lake have AVX-VNNI (256-bit VPDPBUSD) but no
+    AVX-512: they run the avxvnni build, AVX2's code multiplying with VPDPBUSD. This
+    CPU may not run it, but it builds here; its products' bits are checked through
+    its twin in AVX-512 VL's encodings (avxvnni-evex) where AVX-512 VNNI runs, by
+    the tests parametrized over runnable_isas() and the one above."""
+    monkeypatch.setattr(int4, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx_vnni"}))
+    assert int4.runnable_isas() == ["avxvnni", "avx2"]
+    if shutil.which("cc") is None:
+        pytest.skip("needs cc")
+    lib = int4._library("avxvnni")
+    assert not isinstance(lib, int4.KernelUnavailable), lib
+    assert lib.isa == "avxvnni"
+
+
 @pytest.fixture(scope="module")
 def emulated_avx512(tmp_path_factory):
     """The kernels built with their AVX-512 paths and every AVX-512 intrinsic

@@ -62,7 +62,7 @@ typedef struct {
 
 /* Float vectors of VW lanes: AVX-512 (16) where the CPU has it, else AVX2 with FMA
 and F16C (8), so one source serves both builds (int4.py picks the flags). */
-#ifdef __AVX512F__
+#ifdef OMNI_ZMM
 #define VW 16
 typedef __m512 vec;
 typedef __mmask16 vmask;
@@ -334,7 +334,7 @@ static inline vec vexp(vec x) {
 /* Lane j of the result: the sum of v[j]'s lanes, by the same tree of additions for
    every j (a transpose-and-add: ~3 instructions a vector instead of a reduction's ~10). */
 static inline vec lane_sums(const vec v[VW]) {
-#ifdef __AVX512F__
+#ifdef OMNI_ZMM
     __m512 t[8], u[4];
     for (int i = 0; i < 8; i++) /* per 128-bit chunk: (a0+a2, b0+b2, a1+a3, b1+b3) */
         t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));

@@ -81,6 +81,18 @@ ISAS = {
              "-mamx-tile", "-mamx-bf16"]),
     "avx512vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
                    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
+    # AVX2's code with AVX-VNNI's 256-bit VPDPBUSD for its products (Intel's desktop
+    # CPUs since Alder Lake, AMD's since Zen 5): a third of AVX2's multiply
+    # instructions, where several rows or a prompt make the products compute-bound.
+    "avxvnni": (("avx2", "fma", "f16c", "avx_vnni"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni"]),
+    # The same code in AVX-512 VL's encodings (OMNI_YMM, int4_gemm.h): where AVX-512
+    # VNNI runs, to test avxvnni's products and time them (never the default there).
+    # Vectors of 256 bits, and 16 registers as an AVX-VNNI CPU has: given AVX-512's
+    # 32 the compiler spilled half as often as the avxvnni build does.
+    "avxvnni-evex": (("avx2", "fma", "f16c", "avx512_vnni", "avx512vl"),
+                     ["-mavx2", "-mfma", "-mf16c", "-mavx512vl", "-mavx512vnni", "-DOMNI_YMM",
+                      "-mprefer-vector-width=256", "-mmove-max=256", "-mstore-max=256",
+                      *[f"-ffixed-xmm{i}" for i in range(16, 32)]]),
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
 }
 
@@ -112,10 +124,14 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
         return KernelUnavailable("the 4-bit kernel is built for Linux only")
     if isa is None:
         chosen = os.environ.get("OMNIDRAFT_KERNEL_ISA")  # to compare builds, or to step around one
-        builds = [_library(name) for name in runnable_isas() if chosen in (None, name)]
-        usable = [lib for lib in builds if not isinstance(lib, KernelUnavailable)]
-        if usable or builds:
-            return (usable or builds)[0]
+        builds = []  # the best that builds: the rest are not compiled
+        for name in runnable_isas():
+            if chosen in (None, name):
+                builds.append(_library(name))
+                if not isinstance(builds[-1], KernelUnavailable):
+                    return builds[-1]
+        if builds:
+            return builds[0]
         if chosen and runnable_isas():
             return KernelUnavailable(f"OMNIDRAFT_KERNEL_ISA={chosen} is not a build this CPU runs "
                                      f"({', '.join(runnable_isas())})")

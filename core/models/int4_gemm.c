@@ -30,8 +30,9 @@ products are exact. Q4_K: per group and row, the integer dot products times sc
 sum in int32 over the superblock (at most 8 x 63 x 32 x 15 x 127 < 2^31), as do
 the row's group sums times m; then, once per superblock, acc += d * dots -
 dmin * mins. Q4_1: per group acc += s * dot + z * sum(group). Q6_K: per 16
-inputs acc += s * (dot - 32 sum). Q8_0: per group acc += s * (dot - 128 sum). Finally y = acc * row scale. Both instruction
-sets compute the same integers and the same float steps, so the same bits.
+inputs acc += s * (dot - 32 sum). Q8_0: per group acc += s * (dot - 128 sum). Finally y = acc * row scale. Every build
+(AVX-512 VNNI, AVX2 with or without AVX-VNNI's 256-bit VPDPBUSD) computes the same
+integers and the same float steps, so the same bits.
 
 The weights are unpacked once per group and used by up to 8 rows, so up to 8
 rows cost about what one does while the weights stream from memory (a
@@ -71,7 +72,7 @@ the cost of several rows (docs/speed.md).
    thread it was a visible part of a long prompt's 8960-wide products. k: a
    multiple of 32. */
 static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, int16_t *sums, int64_t width) {
-#ifdef __AVX512F__
+#ifdef OMNI_ZMM
     __m512 top = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_loadu_ps(xr + i)));
     float amax = _mm512_reduce_max_ps(top);
@@ -86,7 +87,7 @@ static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scal
     float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     *row_scale = amax / 127.0f;
     for (int64_t g = 0; g < k / width; g++) {
-#ifdef __AVX512F__
+#ifdef OMNI_ZMM
         __m512i sum = _mm512_setzero_si512();
         for (int64_t i = g * width; i < (g + 1) * width; i += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xr + i), _mm512_set1_ps(inv)));
@@ -151,7 +152,7 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
 #define PREFETCH 4096
 #define FAR 16384
 #define FAR_MIN_BYTES (4 << 20) /* smaller products: the far prefetch runs mostly past their end */
-#ifdef __AVX512VNNI__
+#ifdef OMNI_ZMM
 #define FAR_ROWS 3
 #else
 #define FAR_ROWS MAX_ROWS
@@ -174,7 +175,7 @@ static inline __attribute__((always_inline)) __m128i min_pair_bytes(const uint8_
 }
 
 /* One block column of 16 channels for `rows` (1..8, a constant once inlined) rows. */
-#ifdef __AVX512VNNI__
+#ifdef OMNI_ZMM
 /* A block's nibbles as 8 registers of unsigned bytes: inputs 4t.. (t < 4, low
    nibbles) and 16 + 4(t - 4).. (high nibbles), 16 channels each. */
 static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m512i w[8]) {
@@ -369,6 +370,20 @@ static inline __attribute__((always_inline)) __m256i pair_sums(const __m256i w[8
     return _mm256_add_epi16(d, e);
 }
 
+#ifdef DPBUSD256
+/* The same half group's 8 channels times a row's 32 inputs as int32 sums, by 8
+   VPDPBUSDs in two chains (the same integers as pair_sums joined by VPMADDWD, in
+   a third of the instructions). */
+static inline __attribute__((always_inline)) __m256i vnni_sums(const __m256i w[8], const int32_t *xr, __m256i d) {
+    __m256i e = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t += 2) {
+        d = DPBUSD256(d, w[t], _mm256_set1_epi32(xr[t]));
+        e = DPBUSD256(e, w[t + 1], _mm256_set1_epi32(xr[t + 1]));
+    }
+    return _mm256_add_epi32(d, e);
+}
+#endif
+
 /* Q4_K with AVX2 (no VNNI): each half of a group's 64 bytes holds 8 channels'
    4 inputs; VPMADDUBSW multiplies the unsigned nibbles by the int8 inputs and adds
    pairs into int16, which sum over the group's 8 steps without overflow
@@ -393,8 +408,10 @@ static inline __attribute__((always_inline)) void q4k_column(
         _mm256_store_si256((__m256i *)(dots + i), _mm256_setzero_si256());
     }
     /* sc (8 channels' bytes, in both 128-bit lanes) -> int16 pairs (sc_j, sc_j) */
+#ifndef DPBUSD256
     const __m256i twice = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
                                            4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1);
+#endif
     const uint8_t *head = column;
     for (int64_t g0 = 0; g0 < groups; g0 += SUPER_GROUPS) {
         int count = groups - g0 < SUPER_GROUPS ? (int)(groups - g0) : SUPER_GROUPS;
@@ -405,14 +422,22 @@ static inline __attribute__((always_inline)) void q4k_column(
             for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
                 __m256i w[8];
                 nibbles(b + 32 * h, w);
+#ifdef DPBUSD256
+                __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 256 + 8 * h)));
+#else
                 __m256i sc = _mm256_shuffle_epi8(
                     _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)(b + 256 + 8 * h))), twice);
+#endif
                 const int8_t *xg = xq + (g0 + i) * GROUP;
                 __asm__("" : "+r"(xg)); /* no sharing of the rows' broadcasts between halves */
                 for (int r = 0; r < rows; r++) {
-                    __m256i pairs = pair_sums(w, (const int32_t *)(xg + r * k));
                     __m256i *a = (__m256i *)(dots + r * 16 + 8 * h);
-                    _mm256_store_si256(a, _mm256_add_epi32(_mm256_load_si256(a), _mm256_madd_epi16(pairs, sc)));
+#ifdef DPBUSD256
+                    __m256i scaled = _mm256_mullo_epi32(vnni_sums(w, (const int32_t *)(xg + r * k), _mm256_setzero_si256()), sc);
+#else
+                    __m256i scaled = _mm256_madd_epi16(pair_sums(w, (const int32_t *)(xg + r * k)), sc);
+#endif
+                    _mm256_store_si256(a, _mm256_add_epi32(_mm256_load_si256(a), scaled));
                 }
             }
         }
@@ -454,7 +479,9 @@ static inline __attribute__((always_inline)) void q4_column(
     float *accm = partial;
     __asm__("" : "+r"(accm)); /* opaque: kept in memory, not 16 registers the halves' nibbles need */
     for (int i = 0; i < rows * 16; i += 8) _mm256_store_ps(accm + i, _mm256_setzero_ps());
+#ifndef DPBUSD256
     const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
         ahead(b, Q4_BLOCK_BYTES, far);
@@ -466,8 +493,11 @@ static inline __attribute__((always_inline)) void q4_column(
             const int8_t *xg = xq + g * GROUP;
             __asm__("" : "+r"(xg)); /* no sharing of the rows' broadcasts between halves */
             for (int r = 0; r < rows; r++) {
-                __m256i pairs = pair_sums(w, (const int32_t *)(xg + r * k));
-                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+#ifdef DPBUSD256
+                __m256 dot = _mm256_cvtepi32_ps(vnni_sums(w, (const int32_t *)(xg + r * k), _mm256_setzero_si256()));
+#else
+                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pair_sums(w, (const int32_t *)(xg + r * k)), ones));
+#endif
                 float *a = accm + r * 16 + 8 * h;
                 __m256 acc = _mm256_fmadd_ps(dot, s, _mm256_load_ps(a));
                 _mm256_store_ps(a, _mm256_fmadd_ps(z, _mm256_set1_ps(group_sum[r * stride + g]), acc));
@@ -486,7 +516,10 @@ static inline __attribute__((always_inline)) void q6k_column(
     const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const __m256i pair = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i pair = _mm256_set1_epi8(0x30);
+#ifndef DPBUSD256
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
         ahead(b, Q6_BLOCK_BYTES, far);
@@ -512,10 +545,15 @@ static inline __attribute__((always_inline)) void q6k_column(
                 __m256i shift = _mm256_set1_epi32(part_shift[r * stride + 2 * g + s]);
                 for (int h = 0; h < 2; h++) {
                     const __m256i *ws = w[h] + 4 * s;
+#ifdef DPBUSD256
+                    __m256i d = DPBUSD256(DPBUSD256(shift, ws[0], x0), ws[1], x1);
+                    d = _mm256_add_epi32(d, DPBUSD256(DPBUSD256(_mm256_setzero_si256(), ws[2], x2), ws[3], x3));
+#else
                     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(ws[0], x0), _mm256_maddubs_epi16(ws[1], x1));
                     __m256i q = _mm256_add_epi16(_mm256_maddubs_epi16(ws[2], x2), _mm256_maddubs_epi16(ws[3], x3));
                     __m256i d = _mm256_add_epi32(_mm256_madd_epi16(p, ones), _mm256_madd_epi16(q, ones));
                     d = _mm256_add_epi32(d, shift);
+#endif
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc[s][h], acc[r][h]);
                 }
             }
@@ -532,18 +570,31 @@ static inline __attribute__((always_inline)) void q6k_column(
 static inline __attribute__((always_inline)) void q8_column(
     const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *group_shift, int64_t stride,
     const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
+#ifndef DPBUSD256
     (void)group_shift, (void)stride;
+#endif
     __m256 acc[MAX_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#ifndef DPBUSD256
     const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+#endif
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
         ahead(b, Q8_BLOCK_BYTES, far);
         for (int h = 0; h < 2; h++) { /* channels 8h..8h+7 */
             __m256i w[8];
+            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 512 + 16 * h)));
+#ifdef DPBUSD256
+            /* as the AVX-512 path: sum((q + 128) x) - 128 sum(x), the row's group term */
+            for (int t = 0; t < 8; t++) w[t] = _mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h));
+            for (int r = 0; r < rows; r++) {
+                __m256i d = vnni_sums(w, (const int32_t *)(xq + r * k + g * GROUP),
+                                      _mm256_set1_epi32(group_shift[r * stride + g]));
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][h]);
+            }
+#else
             for (int t = 0; t < 8; t++)
                 w[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 64 * t + 32 * h)), flip); /* q */
-            __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 512 + 16 * h)));
             for (int r = 0; r < rows; r++) {
                 const int32_t *xr = (const int32_t *)(xq + r * k + g * GROUP);
                 __m256i d = _mm256_setzero_si256();
@@ -553,6 +604,7 @@ static inline __attribute__((always_inline)) void q8_column(
                 }
                 acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), s, acc[r][h]);
             }
+#endif
         }
     }
     for (int r = 0; r < rows; r++)

@@ -2,6 +2,21 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+/* The builds' vector widths (int4.py's ISAS). OMNI_ZMM: 512-bit code, where AVX-512
+   is on and the build did not ask for the 256-bit code (OMNI_YMM: the avxvnni-evex
+   build, AVX-VNNI's code in AVX-512 VL's encodings, to test and time it where
+   AVX-512 VNNI runs). DPBUSD256: a 256-bit VPDPBUSD, AVX-VNNI's (Intel's desktop
+   CPUs since Alder Lake, AMD's since Zen 5) or AVX-512 VL's; without it the AVX2
+   code multiplies with VPMADDUBSW. */
+#if defined(__AVX512F__) && !defined(OMNI_YMM)
+#define OMNI_ZMM 1
+#endif
+#if defined(__AVXVNNI__)
+#define DPBUSD256 _mm256_dpbusd_avx_epi32
+#elif defined(OMNI_YMM) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD256 _mm256_dpbusd_epi32
+#endif
+
 /* Buffers on whole cache lines: a 64-byte load (a tile row, a vector of 64 bytes)
    that straddles two lines costs two reads; with malloc's 16-byte alignment a
    product of 200 rows on AMX tiles ran 1.6x slower in some processes than in
