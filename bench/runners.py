@@ -259,8 +259,8 @@ def head_runner(engine: Engine, bits: int, chat: bool = False, rows: int | None 
         net = engine.drafter.net
         if not head:
             weight = engine.drafter_model.model.get_output_embeddings().weight
-            rows_kept = rows or engine.draft_settings.head_tokens  # head4 / head8: the shipped head's ids
-            head.append(DraftLinear(weight[:rows_kept].detach().to(net.dtype).contiguous(), None, True, bits == 4))
+            kept = rows or net.head.out_features  # head4 / head8: as many ids as the drafter's own head
+            head.append(DraftLinear(weight[:kept].detach().to(net.dtype).contiguous(), None, True, bits == 4))
         with swapped(net, head=head[0]):
             return speculative(prompt, cfg)
 
@@ -280,7 +280,7 @@ def other_drafter_runner(engine: Engine, name: str, chat: bool = False, **net_ar
         if not other:
             full = drafter.net
             other.append(LeanLlama(engine.drafter_model.model, max_len=full.max_len, int8=full.int8,
-                                   int4=full.int4, head_rows=engine.draft_settings.head_tokens, **net_args))
+                                   int4=full.int4, head_rows=full.head.out_features, **net_args))
         drafter.forget_context()  # the drafter's context lives in its net's cache: empty it on each swap
         with swapped(drafter, net=other[0]):
             try:

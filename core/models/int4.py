@@ -124,14 +124,15 @@ def _library(isa: str | None = None) -> ctypes.CDLL | KernelUnavailable:
         return KernelUnavailable("the 4-bit kernel is built for Linux only")
     if isa is None:
         chosen = os.environ.get("OMNIDRAFT_KERNEL_ISA")  # to compare builds, or to step around one
-        builds = []  # the best that builds: the rest are not compiled
+        failed = None  # the best build's reason, if none builds; builds past the first that works are not compiled
         for name in runnable_isas():
             if chosen in (None, name):
-                builds.append(_library(name))
-                if not isinstance(builds[-1], KernelUnavailable):
-                    return builds[-1]
-        if builds:
-            return builds[0]
+                lib = _library(name)
+                if not isinstance(lib, KernelUnavailable):
+                    return lib
+                failed = failed or lib
+        if failed:
+            return failed
         if chosen and runnable_isas():
             return KernelUnavailable(f"OMNIDRAFT_KERNEL_ISA={chosen} is not a build this CPU runs "
                                      f"({', '.join(runnable_isas())})")
