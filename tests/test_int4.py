@@ -28,6 +28,10 @@ from tests.tiny import tiny_qwen2
 pytestmark = pytest.mark.skipif(int4.unavailable() is not None, reason=f"{int4.unavailable()}")
 
 
+# The builds whose attention multiplies in bf16 (decoder_stack.c's ATT_BF16).
+BF16_ATTENTION = ("amx", "avx512bf16")
+
+
 def _integer_isa() -> str:
     """The best build this CPU runs without AMX's bf16 tiles (integer products at every row count)."""
     return next(isa for isa in int4.runnable_isas() if isa != "amx")
@@ -704,21 +708,23 @@ def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, 
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("window", [0, 40])
-def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, qwen_tok):
+@pytest.mark.parametrize("window, head_dim", [(0, 16), (40, 16), (0, 64), (40, 64)])
+def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, head_dim, qwen_tok):
     """Past 256 positions a query's softmax runs in parts folded in order; where the
     key/value heads do not split evenly between the threads (SmolLM2's 3 on 2) a
     step's tasks are a head's parts, merged after. A long prompt, a block of rows
     across a part's edge and a step past a third part give the same bits on 1, 2 and
     3 threads; the block gives its rows' one-token steps' bits (what keeps
     verification lossless) and everything stays what the torch layers compute,
-    with a drafter's window too (the last rows read parts 0 and 2 only)."""
+    with a drafter's window too (the last rows read parts 0 and 2 only). Heads of
+    64 take attention's bf16 multiply-adds where the CPU has them (odd blocks of
+    positions padded to pairs), so within bf16's rounding of the torch layers."""
     from omnidraft.core.models.lean_llama import LeanLlama
 
     from tests.tiny import tiny_llama
 
-    net = LeanLlama(tiny_llama(len(qwen_tok), seed=5, kv_heads=3), int8=True, int4=True, max_len=1024,
-                    window=window)
+    net = LeanLlama(tiny_llama(len(qwen_tok), seed=5, kv_heads=3, head_dim=head_dim), int8=True, int4=True,
+                    max_len=1024, window=window)
     stack = net.stack
     assert stack is not None and net.n_kv == 3
     ids = torch.randint(100, 4000, (560,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -744,7 +750,38 @@ def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(w
     finally:
         torch.set_num_threads(before)
         net.stack = stack
-    torch.testing.assert_close(one, reference, atol=5e-3, rtol=5e-3)
+    close = 3e-2 if head_dim % 32 == 0 and int4.kernel_isa() in BF16_ATTENTION else 5e-3
+    torch.testing.assert_close(one, reference, atol=close, rtol=close)
+
+
+def test_attention_multiplies_in_bf16_where_the_cpu_has_it(qwen_tok, monkeypatch):
+    """On a CPU with AVX512-BF16 the default build takes attention's multiply-adds in
+    bf16 for heads of 64 and 128: the logits stay within bf16's rounding of the
+    float32 multiply-adds' (the avx512vnni build's, same products), and move from
+    them, so the bf16 path ran; heads of 16 keep the float32 path, the same bits."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+
+    from tests.tiny import tiny_llama
+
+    if not set(int4.runnable_isas()) & set(BF16_ATTENTION):
+        pytest.skip("no AVX512-BF16 here")
+    ids = torch.randint(100, 4000, (300,), generator=torch.Generator().manual_seed(6)).tolist()
+    for head_dim in (64, 16):
+        net = LeanLlama(tiny_llama(len(qwen_tok), seed=6, kv_heads=3, head_dim=head_dim), int8=True, int4=True,
+                        max_len=512)
+        logits = {}
+        for isa in (next(isa for isa in int4.runnable_isas() if isa in BF16_ATTENTION), "avx512vnni"):
+            _default_build(monkeypatch, isa)
+            net.reset()
+            logits[isa] = torch.cat([net.forward(ids[:299])[0], net.forward(ids[299:])[0]])
+            monkeypatch.undo()
+        bf16, float32 = logits.values()
+        if head_dim == 16:
+            assert torch.equal(bf16, float32)
+        else:
+            assert not torch.equal(bf16, float32)
+            spread = float(float32.abs().max())  # bf16 keeps 8 bits: ~0.4% of each input, through two layers
+            torch.testing.assert_close(bf16, float32, atol=2e-2 * spread, rtol=0)
 
 
 def test_a_learned_adapter_runs_beside_the_4_bit_weights_and_keeps_its_effect(qwen_tok):

@@ -28,12 +28,14 @@ PROMPTS = [
 LEARN_PROMPTS = ["def add(a, b):\n    return", "The cat sat on the", "for i in range(10):\n    print("]
 
 
-def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2, dtype=torch.float32, kv_heads: int = 2):
-    """Two query heads of 16 a key/value head (kv_heads=3: SmolLM2's grouping)."""
+def tiny_llama(vocab_size: int, seed: int = 0, layers: int = 2, dtype=torch.float32, kv_heads: int = 2,
+               head_dim: int = 16):
+    """Two query heads of head_dim a key/value head (kv_heads=3: SmolLM2's grouping;
+    head_dim 64: SmolLM2's, which attention's bf16 path takes)."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=32 * kv_heads,
+        hidden_size=2 * head_dim * kv_heads,
         intermediate_size=128,
         num_hidden_layers=layers,
         num_attention_heads=2 * kv_heads,

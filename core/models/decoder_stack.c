@@ -23,6 +23,8 @@ Qwen2.5-1.5B in float32, 46 KB for the drafter, whose weights are 84 MB), and th
 ones written are the ones read, so a verified row still sees what its one-token
 step would (docs/speed.md); cos/sin [capacity, head_dim] from the model's
 own rotary embedding, so every RoPE variant comes out as the model computes it.
+Attention's multiply-adds run in bf16 where the build has AVX512-BF16 (ATT_BF16,
+below), float32 elsewhere.
 A projection may come in parts side by side (a target whose file stores q and k
 in 4 bits and v in 6), each its own product into its columns.
 
@@ -459,6 +461,129 @@ static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t
     for (int64_t i = 0; i < count * d; i += VW) vstore(wide + i, vhalf(cache + b * d + i));
 }
 
+/* `call` with D its head size, a constant for the common ones (64, 128) where the
+   loops it inlines unroll and keep their sums in registers. */
+#define BY_HEAD(dim, call)                                                                                               \
+    do {                                                                                                               \
+        if ((dim) == 64) {                                                                                             \
+            enum { D = 64 };                                                                                           \
+            call;                                                                                                      \
+        } else if ((dim) == 128) {                                                                                     \
+            enum { D = 128 };                                                                                          \
+            call;                                                                                                      \
+        } else {                                                                                                       \
+            const int64_t D = (dim);                                                                                   \
+            call;                                                                                                      \
+        }                                                                                                              \
+    } while (0)
+
+#if defined(OMNI_ZMM) && defined(__AVX512BF16__)
+/* Attention's multiply-adds in bf16 (AVX512-BF16: VDPBF16PS sums two products a lane,
+   twice an FMA's 16, and reads half the bytes), where the CPU has it (a Zen 4, Xeons
+   since Cooper Lake): queries, keys, softmax numerators and values rounded to bf16,
+   scores and sums in float32, as the bf16 models these targets are run in bf16
+   (Qwen2.5, Gemma 3 and Llama are trained so). After 3,000 positions attention was
+   ~45% of a 4-row verification of Qwen2.5-Coder-1.5B, its fp32 multiply-adds most of
+   it (docs/speed.md, "Attention in bf16"). Every query's steps are still fixed by its
+   position alone: a verified row's bits are its one-token step's. */
+#define ATT_BF16 1
+
+/* 32 floats to bf16 (round to nearest even) in order: lo's 16, then hi's. */
+static inline __m512i bf16_32(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+
+/* A query (d floats, d a multiple of 32) in bf16. */
+static inline void query_bf16(const float *q, int64_t d, uint16_t *out) {
+    for (int64_t i = 0; i < d; i += 32) _mm512_storeu_si512(out + i, bf16_32(vload(q + i), vload(q + i + 16)));
+}
+
+/* Positions b..b+count-1 of the fp16 key cache in bf16, in the cache's order. */
+static void keys_bf16(const uint16_t *cache, int64_t b, int64_t count, int64_t d, uint16_t *out) {
+    const uint16_t *in = cache + b * d;
+    for (int64_t i = 0; i < count * d; i += 32) _mm512_storeu_si512(out + i, bf16_32(vhalf(in + i), vhalf(in + i + 16)));
+}
+
+/* Positions b..b+count-1 of the fp16 value cache in bf16, by pairs of positions (2i,
+   2i+1) interleaved value by value, as VDPBF16PS takes them: pair i's 2d values at
+   out + 2d i, dims 16c..16c+15 of both positions in its c-th 32. An odd count's last
+   pair has zeros for its second position (its numerator is zero too). */
+static void values_bf16(const uint16_t *cache, int64_t b, int64_t count, int64_t d, uint16_t *out) {
+    const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t i = 0; 2 * i < count; i++) {
+        const uint16_t *first = cache + (b + 2 * i) * d, *second = first + d;
+        int both = 2 * i + 1 < count;
+        for (int64_t c = 0; c < d; c += 16)
+            _mm512_storeu_si512(out + 2 * (i * d + c),
+                                _mm512_permutexvar_epi16(zip, bf16_32(vhalf(first + c), both ? vhalf(second + c) : vzero())));
+    }
+}
+
+/* score_positions in bf16: q and keys (position p0's first) from query_bf16 and
+   keys_bf16. */
+static inline __attribute__((always_inline)) void score_positions_bf16(const uint16_t *q, const uint16_t *keys,
+                                                                       int64_t count, int64_t d, float scale,
+                                                                       float *sc) {
+    vec acc[VW];
+    for (int j = 0; j < VW; j++) acc[j] = vzero();
+    if (count == VW) {
+        for (int64_t k = 0; k < d; k += 32) {
+            __m512bh qk = (__m512bh)_mm512_loadu_si512(q + k);
+            for (int j = 0; j < VW; j++)
+                acc[j] = _mm512_dpbf16_ps(acc[j], qk, (__m512bh)_mm512_loadu_si512(keys + j * d + k));
+        }
+    } else {
+        for (int j = 0; j < count; j++)
+            for (int64_t k = 0; k < d; k += 32)
+                acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(q + k),
+                                          (__m512bh)_mm512_loadu_si512(keys + j * d + k));
+    }
+    vstore_tail(sc, tail(count), vmul(lane_sums(acc), vset1(scale)));
+}
+
+/* A block's softmax numerators sc[0..stop) as 16 bf16 pairs, zeros past stop. */
+static inline void numerator_pairs(const float *sc, int64_t stop, uint32_t pairs[16]) {
+    _mm512_storeu_si512(pairs, bf16_32(vload_tail(sc, tail(stop)), vload_tail(sc + 16, tail(stop > 16 ? stop - 16 : 0))));
+}
+
+/* weigh_values in bf16: values from values_bf16, a pair of positions a VDPBF16PS. */
+static inline __attribute__((always_inline)) void weigh_values_bf16(const float *sc1, const float *sc2,
+                                                                    const uint16_t *values, int first, int64_t stop1,
+                                                                    int64_t stop2, int64_t lanes, float *out1,
+                                                                    float *out2) {
+    vec a1[MAX_HEAD_DIM / VW], a2[MAX_HEAD_DIM / VW];
+    uint32_t p1[16], p2[16];
+    numerator_pairs(sc1, stop1, p1);
+    if (sc2) numerator_pairs(sc2, stop2, p2);
+    int64_t n1 = (stop1 + 1) / 2, n2 = sc2 ? (stop2 + 1) / 2 : 0, both = n1 < n2 ? n1 : n2;
+    for (int64_t l = 0; l < lanes; l++) {
+        a1[l] = first ? vzero() : vload(out1 + l * VW);
+        if (sc2) a2[l] = first ? vzero() : vload(out2 + l * VW);
+    }
+    for (int64_t i = 0; i < both; i++) {
+        __m512bh s1 = (__m512bh)_mm512_set1_epi32((int)p1[i]), s2 = (__m512bh)_mm512_set1_epi32((int)p2[i]);
+        const uint16_t *v = values + i * 2 * lanes * VW;
+        for (int64_t l = 0; l < lanes; l++) {
+            __m512bh x = (__m512bh)_mm512_loadu_si512(v + l * 32);
+            a1[l] = _mm512_dpbf16_ps(a1[l], s1, x), a2[l] = _mm512_dpbf16_ps(a2[l], s2, x);
+        }
+    }
+    for (int64_t i = both; i < n1; i++) {
+        __m512bh s1 = (__m512bh)_mm512_set1_epi32((int)p1[i]);
+        for (int64_t l = 0; l < lanes; l++)
+            a1[l] = _mm512_dpbf16_ps(a1[l], s1, (__m512bh)_mm512_loadu_si512(values + i * 2 * lanes * VW + l * 32));
+    }
+    for (int64_t i = both; i < n2; i++) {
+        __m512bh s2 = (__m512bh)_mm512_set1_epi32((int)p2[i]);
+        for (int64_t l = 0; l < lanes; l++)
+            a2[l] = _mm512_dpbf16_ps(a2[l], s2, (__m512bh)_mm512_loadu_si512(values + i * 2 * lanes * VW + l * 32));
+    }
+    for (int64_t l = 0; l < lanes; l++) {
+        vstore(out1 + l * VW, a1[l]);
+        if (sc2) vstore(out2 + l * VW, a2[l]);
+    }
+}
+#endif
+
 /* Block s of a task's stream (for each of its parts g0..g1-1, the part's blocks of
    keys, then of values), asked for before use: the cache comes from memory after a
    forward's weights have flushed it, and a step's few queries compute too little per
@@ -503,6 +628,19 @@ typedef struct {
     float scale;
 } Attention;
 
+/* Positions b..b+count-1 of a cache row (keys, or values where is_values) as the
+   task's multiply-adds read them: in bf16 where bf (ATT_BF16), else widened. */
+static void read_block(const uint16_t *cache, int is_values, int bf, int64_t b, int64_t count, int64_t d, float *wide) {
+#ifdef ATT_BF16
+    if (bf) {
+        (is_values ? values_bf16 : keys_bf16)(cache, b, count, d, (uint16_t *)wide);
+        return;
+    }
+#endif
+    (void)bf, (void)is_values;
+    widen_block(cache, b, count, d, wide);
+}
+
 /* The first part past part 0 a query that sees `seen` positions reads: with a
    window, part 0 (the attention sink every context starts with) and the parts
    that hold its last `window` positions, whole parts, so a query's view (and its
@@ -522,6 +660,7 @@ static inline int sees(const Attention *A, int64_t r, int64_t g) {
    ones (4 a query), a part's values (d a query), a widened block (ATT_BLOCK * d). */
 typedef struct {
     float *sc, *tops, *o, *wide;
+    uint16_t *qb; /* the task's queries in bf16 (ATT_BF16: d a query) */
 } AttRoom;
 
 /* Query (row r, head h)'s part g in a split's room: its sum at A->parts + this * d,
@@ -554,27 +693,37 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
     float *tops = R->tops; /* per query: the part's top and sum, then the folded ones */
     /* The row that sees fewest positions (r0) reads from the earliest recent part. */
     int64_t lo = first_recent(A, A->start + r0 + 1), k = 0;
+#ifdef ATT_BF16
+    const int bf = d % 32 == 0; /* VDPBF16PS takes 32 values of a query at a time */
+    uint16_t *wide16 = (uint16_t *)R->wide;
+    if (bf)
+        for (int64_t i = 0; i < queries; i++)
+            query_bf16(A->qkv + (r0 + i % rows) * A->qkv_width + (h0 + i / rows) * d, d, R->qb + i * d);
+#else
+    const int bf = 0;
+    (void)bf;
+#endif
     for (int64_t s = 0; s < ATT_AHEAD; s++) ask_block(keys, values, s, g0, lo, g1, end, d);
     for (int64_t g = g0; g < g1; g = g == g0 && g + 1 < lo ? lo : g + 1, k++) {
         int64_t p0 = g * ATT_PART, pend = p0 + ATT_PART < end ? p0 + ATT_PART : end, s0 = k * PART_STREAM;
         int64_t blocks = (pend - p0 + ATT_BLOCK - 1) / ATT_BLOCK;
         for (int64_t b = p0; b < pend; b += ATT_BLOCK) {
             ask_block(keys, values, s0 + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, lo, g1, end, d);
-            widen_block(keys, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
+            read_block(keys, 0, bf, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
             for (int64_t i = 0; i < queries; i++) {
                 int64_t r = r0 + i % rows, seen = A->start + r + 1, stop = b + ATT_BLOCK < seen ? b + ATT_BLOCK : seen;
                 if (!sees(A, r, g)) continue;
                 const float *q = A->qkv + r * A->qkv_width + (h0 + i / rows) * d;
                 float *sc = R->sc + i * ATT_PART - p0; /* position p's score at sc[p] */
                 for (int64_t p = b; p < stop; p += VW) {
-                    int64_t count = stop - p < VW ? stop - p : VW;
-                    const float *k = R->wide + (p - b) * d;
-                    if (d == 64)
-                        score_positions(q, k, count, 64, A->scale, sc + p);
-                    else if (d == 128)
-                        score_positions(q, k, count, 128, A->scale, sc + p);
-                    else
-                        score_positions(q, k, count, d, A->scale, sc + p);
+                    int64_t n = stop - p < VW ? stop - p : VW;
+#ifdef ATT_BF16
+                    if (bf) {
+                        BY_HEAD(d, score_positions_bf16(R->qb + i * d, wide16 + (p - b) * d, n, D, A->scale, sc + p));
+                        continue;
+                    }
+#endif
+                    BY_HEAD(d, score_positions(q, R->wide + (p - b) * d, n, D, A->scale, sc + p));
                 }
             }
         }
@@ -585,7 +734,7 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
         }
         for (int64_t b = p0; b < pend; b += ATT_BLOCK) {
             ask_block(keys, values, s0 + blocks + (b - p0) / ATT_BLOCK + ATT_AHEAD, g0, lo, g1, end, d);
-            widen_block(values, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
+            read_block(values, 1, bf, b, b + ATT_BLOCK < pend ? ATT_BLOCK : pend - b, d, R->wide);
             for (int64_t i = 0; i < queries;) {
                 int64_t pick[2], live = 0, stop[2] = {0, 0};
                 float *out[2] = {NULL, NULL};
@@ -599,12 +748,13 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
                 if (!live) break;
                 const float *sc1 = R->sc + pick[0] * ATT_PART + b - p0;
                 const float *sc2 = live > 1 ? R->sc + pick[1] * ATT_PART + b - p0 : NULL;
-                if (d == 64)
-                    weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], 64 / VW, out[0], out[1]);
-                else if (d == 128)
-                    weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], 128 / VW, out[0], out[1]);
-                else
-                    weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], lanes, out[0], out[1]);
+#ifdef ATT_BF16
+                if (bf) {
+                    BY_HEAD(d, weigh_values_bf16(sc1, sc2, wide16, b == p0, stop[0], stop[1], D / VW, out[0], out[1]));
+                    continue;
+                }
+#endif
+                BY_HEAD(d, weigh_values(sc1, sc2, R->wide, b == p0, stop[0], stop[1], D / VW, out[0], out[1]));
             }
         }
         for (int64_t i = 0; i < queries; i++) {
@@ -721,15 +871,17 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
     float *top_room = lines(sizeof(float) * (size_t)(threads * per_thread * 4));
     float *o_room = lines(sizeof(float) * (size_t)(threads * per_thread * d));
     float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
+    uint16_t *qb_room = lines(sizeof(uint16_t) * (size_t)(threads * per_thread * d));
     float *split_room = may_split ? lines(sizeof(float) * (size_t)(parts * task_rows * n_heads * (d + 2))) : NULL;
-    failed |= !score_room || !top_room || !o_room || !wide_room || (may_split && !split_room);
+    failed |= !score_room || !top_room || !o_room || !wide_room || !qb_room || (may_split && !split_room);
     TeamBarrier bar = {0};
     if (!failed) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
             int me = omp_get_thread_num(); /* this thread's room, one task's at a time */
             AttRoom room_me = {score_room + me * per_thread * ATT_PART, top_room + me * per_thread * 4,
-                               o_room + me * per_thread * d, wide_room + me * ATT_BLOCK * d};
+                               o_room + me * per_thread * d, wide_room + me * ATT_BLOCK * d,
+                               qb_room + me * per_thread * d};
             for (int64_t l = 0; l < n_layers; l++) {
                 const Layer *L = layers + l;
                 /* Rows from `first` on go past the cache: in the last layer only the `needed`
@@ -816,8 +968,8 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
        cost a drafted token 0.2 ms, its code and data cold after the weights' stream. */
     if (final_norm && !failed)
         for (int64_t r = n - needed; r < n; r++) rms_norm_row(x + r * hidden, final_norm, eps, hidden, x + r * hidden);
-    free(h), free(qkv), free(att), free(gu), free(act), free(t_room), free(score_room), free(top_room), free(o_room), free(wide_room),
-        free(split_room);
+    free(h), free(qkv), free(att), free(gu), free(act), free(t_room), free(score_room), free(top_room), free(o_room),
+        free(wide_room), free(qb_room), free(split_room);
     gemm_room_free(&room);
     return failed ? -1 : 0;
 }

@@ -18,7 +18,9 @@ built for the best the CPU runs and the compiler builds; without either or a
 compiler, targets keep int8 weights (core/models/quantize.py) and model info
 says why. Where the CPU has AMX (Xeons since Sapphire Rapids, Xeon W
 workstations), a product of amx_rows() rows or more (a prompt's prefill) runs
-on its bf16 tiles, ~2-3x the integer kernel's rate there (docs/speed.md);
+on its bf16 tiles, ~2-3x the integer kernel's rate there (docs/speed.md).
+Where it has AVX512-BF16 (Zen 4 and later, Cooper Lake, AMX Xeons), attention's
+multiply-adds run in bf16 (avx512bf16, amx; docs/speed.md, "Attention in bf16").
 OMNIDRAFT_KERNEL_ISA=avx512vnni (or avx2) picks a build by name.
 
 Which tensors: a target's layers its GGUF file stores as Q4_K or Q6_K, read
@@ -79,6 +81,10 @@ ISAS = {
              "amx_bf16"),
             ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-mavx512bf16",
              "-mamx-tile", "-mamx-bf16"]),
+    # avx512vnni's products with attention's multiply-adds in bf16 (decoder_stack.c,
+    # ATT_BF16): AMD's Zen 4 and later, Intel's Cooper Lake (AMX CPUs have it too).
+    "avx512bf16": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c", "avx512_bf16"),
+                   ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-mavx512bf16"]),
     "avx512vnni": (("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"),
                    ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]),
     # AVX2's code with AVX-VNNI's 256-bit VPDPBUSD for its products (Intel's desktop
@@ -180,7 +186,7 @@ def kernel_isa() -> str | None:
     if isinstance(lib, KernelUnavailable):
         return None
     isa = getattr(lib, "isa", None)  # a build loaded from elsewhere (tests) says none
-    return "avx512vnni" if isa == "amx" and not lib.amx_rows() else isa
+    return "avx512bf16" if isa == "amx" and not lib.amx_rows() else isa  # its build without the tiles
 
 
 def amx_rows(isa: str | None = None) -> int:
