@@ -65,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last), "
         "omnidraft-head4 / omnidraft-head8 (the drafter's LM head in 4 bits / int8), "
         "omnidraft-vocabN (the drafter's 4-bit LM head over its first N token ids), "
-        "omnidraft-layersN (drafting with the drafter's first N layers)",
+        "omnidraft-layersN (drafting with the drafter's first N layers), "
+        "omnidraft-untrained (drafting without what was learned for the target)",
     )
     p.add_argument(
         "--drafter",
@@ -126,7 +127,7 @@ def _method_list(text: str) -> list[str]:
                          "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced or omnidraft-drawn "
                          "or omnidraft-readN (N from 1 to 4096) or omnidraft-head4 / omnidraft-head8 "
                          "or omnidraft-vocabN (N from 256 to 65536) "
-                         "or omnidraft-layersN (N from 1 to 99)")
+                         "or omnidraft-layersN (N from 1 to 99) or omnidraft-untrained")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 

@@ -28,6 +28,11 @@
   omnidraft-q4k  the drafter's 4-bit layers and head rounded onto Q4_K's grid (4.5
              bits a weight) instead of its file's Q4_1 (5): fewer bytes a drafted
              token against a coarser drafter; refused while an adapter is loaded
+  omnidraft-untrained  omnidraft as a fresh install drafts for the target: a drafter
+             of its own on the shipped weights, without the learned adapter,
+             acceptance head, n-gram merges and drafting state; beside omnidraft
+             on a --state-dir's learned state, what learning gave in one run
+             (docs/learning.md)
   llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
 
 Every method is timed with the same wall clock around one whole call, prompt text
@@ -44,15 +49,19 @@ import copy
 import re
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from omnidraft.core.decoding.adaptive_drafting import DraftPolicy
+from omnidraft.core.decoding.drafter import Drafter
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.learning.acceptance_head import AcceptanceHead
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
 from omnidraft.core.models.int4 import Q4_K
@@ -78,6 +87,7 @@ HEAD_ROWS = re.compile(r"omnidraft-vocab([1-9][0-9]{2,4})")  # 100 to 99999; 256
 LAYERS = re.compile(r"omnidraft-layers([1-9][0-9]?)")  # 1 to 99
 Q4K_DRAFTER = "omnidraft-q4k"
 PROMPT_READ = re.compile(r"omnidraft-read([1-9][0-9]{0,3})")  # 1 to 4096
+UNTRAINED = "omnidraft-untrained"
 
 
 def fixed_length(name: str) -> int | None:
@@ -106,8 +116,8 @@ def head_rows(name: str) -> int | None:
 
 
 def is_method(name: str) -> bool:
-    return name in METHODS or name in HEAD_BITS or head_rows(name) is not None or name == Q4K_DRAFTER or LAYERS.fullmatch(name) is not None or (
-        draft_overrides(name) is not None)
+    return (name in METHODS or name in HEAD_BITS or name in (Q4K_DRAFTER, UNTRAINED) or head_rows(name) is not None
+            or LAYERS.fullmatch(name) is not None or draft_overrides(name) is not None)
 
 
 class BenchError(Exception):
@@ -221,13 +231,13 @@ def swapped(obj, **values) -> Iterator[None]:
             setattr(obj, name, value)
 
 
-def own_policy(engine: Engine, run: Runner) -> Runner:
+def own_policy(engine: Engine, run: Runner, policy: DraftPolicy | None = None) -> Runner:
     """run with adaptive drafting's own state (core/decoding/adaptive_drafting.py:
-    prices, calibration, per-source rates), a copy of the engine's as it stood,
-    swapped in for each call. Sharing the engine's, a variant that drafts worse
-    taught omnidraft to draft less: beside two shortened drafters it drafted 1.86
-    tokens a step instead of 2.31 (docs/drafter.md)."""
-    policy = copy.deepcopy(engine.draft_policy)
+    prices, calibration, per-source rates), `policy` or a copy of the engine's as
+    it stood, swapped in for each call. Sharing the engine's, a variant that drafts
+    worse taught omnidraft to draft less: beside two shortened drafters it drafted
+    1.86 tokens a step instead of 2.31 (docs/drafter.md)."""
+    policy = policy if policy is not None else copy.deepcopy(engine.draft_policy)
 
     def wrapped(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
         with swapped(engine, draft_policy=policy):
@@ -289,6 +299,27 @@ def other_drafter_runner(engine: Engine, name: str, chat: bool = False, **net_ar
                 drafter.forget_context()
 
     return run
+
+
+def untrained_runner(engine: Engine, chat: bool = False) -> Runner:
+    """omnidraft without what the engine learned for its target: a drafter of its
+    own on the shipped weights (no adapter) with a fresh acceptance head, no n-gram
+    merges and a fresh drafting policy (own_policy), swapped in for the call. Its
+    own drafter keeps its own cache, so like omnidraft it reads only what a prompt
+    does not share with the previous one; swapping an adapter out of the engine's
+    drafter and back would cost each call the adapter's merge and a whole prompt read."""
+    speculative = engine_runner(engine, True, chat)
+    own: list[Drafter] = []  # built on the first call, once the engine's drafter is loaded
+
+    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
+        if not own:
+            drafter = Drafter(engine.drafter_model, engine.draft_settings, max_len=engine.drafter.max_len)
+            drafter.head = AcceptanceHead(engine.drafter_model.model.config.hidden_size)
+            own.append(drafter)
+        with swapped(engine, drafter=own[0]), swapped(engine.bridge.cache, entries=OrderedDict()):
+            return speculative(prompt, cfg)
+
+    return own_policy(engine, run, DraftPolicy())
 
 
 def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None, chat: bool = False) -> Runner:
@@ -438,6 +469,8 @@ def build_methods(
             run = other_drafter_runner(engine, "omnidraft-layersN", args.chat, num_layers=int(match.group(1)))
         elif name == Q4K_DRAFTER:
             run = other_drafter_runner(engine, name, args.chat, layout=Q4_K)
+        elif name == UNTRAINED:
+            made[name] = Method(name, untrained_runner(engine, args.chat))
         if run is not None:
             made[name] = Method(name, own_policy(engine, run))
     drafting = [m for m in made.values() if m.name.startswith("omnidraft")]

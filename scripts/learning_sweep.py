@@ -25,6 +25,10 @@ answers, the ceiling for any learning (docs/learning.md); --state-dir keeps
 its adapter for `omnidraft-bench --state-dir`. --replies takes the dev replies
 from an omnidraft-bench report (its `target` outputs: the same greedy replies)
 instead of decoding them again.
+
+--chat: each prompt is a user message through both models' chat templates, as
+the app sends it and `omnidraft-bench --chat` decodes it (then --replies needs a
+--chat report).
 """
 
 from __future__ import annotations
@@ -39,22 +43,35 @@ from pathlib import Path
 
 import torch
 from omnidraft.bench.cli import bench_home, read_prompts
+from omnidraft.bench.runners import as_chat
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.learning.learner import Learner
 from omnidraft.core.learning.replay_buffer import ReplayBuffer, Sample
+from omnidraft.core.models.chat_format import encode_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def prompt_pair(engine: Engine, prompt: str, chat: bool) -> tuple[list[int], list[int]]:
+    """The prompt's ids in the target's and the drafter's vocabularies, as the engine reads them."""
+    if chat:  # Engine.chat's reading
+        encoded = engine.encode(as_chat(prompt))
+        return encoded.ids, encode_chat(engine.drafter_model.tokenizer, encoded.messages, "template")
+    return (engine.target.tokenizer(prompt, split_special_tokens=True)["input_ids"],
+            engine.drafter_model.tokenizer(prompt, split_special_tokens=True)["input_ids"])
+
+
 def serve(
-    engine: Engine, prompts: list[dict], max_new: int, cache: Path, replies: list[list[int]] | None = None,
-    temperature: float = 0.0, seed: int = 0,
+    engine: Engine, prompts: list[dict], max_new: int, cache: Path | None, replies: list[list[int]] | None = None,
+    temperature: float = 0.0, seed: int = 0, chat: bool = False,
 ) -> list[Sample]:
     """Target replies as replay samples, as the engine records them: greedy, or
-    sampled at `temperature` (prompt n seeded with seed + n)."""
-    if cache.exists():
+    sampled at `temperature` (prompt n seeded with seed + n); with `chat` each
+    prompt a user message. cache: where served replies are kept (None: given ones,
+    not kept)."""
+    if cache is not None and cache.exists():
         return [Sample(**raw) for raw in json.loads(cache.read_text())]
     samples = []
     for n, row in enumerate(prompts):
@@ -63,15 +80,17 @@ def serve(
             done = TurnFinished("", "length", TurnStats(method="target"), list(replies[n]))
         else:
             cfg = GenerationConfig(max_new_tokens=max_new, temperature=temperature, seed=seed + n)
-            for event in engine.complete(row["prompt"], cfg):
+            events = (engine.chat(as_chat(row["prompt"]), cfg, speculative=False) if chat
+                      else engine.complete(row["prompt"], cfg))
+            for event in events:
                 if isinstance(event, TurnFinished):
                     done = event
-        ids = engine.target.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
-        prefix = engine.drafter_model.tokenizer(row["prompt"], split_special_tokens=True)["input_ids"]
+        ids, prefix = prompt_pair(engine, row["prompt"], chat)
         samples.append(replace(engine.sample_of(ids, prefix, done), seq=n))
         print(f"served {n + 1}/{len(prompts)}", file=sys.stderr, flush=True)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps([s.__dict__ for s in samples]))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps([s.__dict__ for s in samples]))
     return samples
 
 
@@ -94,6 +113,7 @@ def main() -> int:
     ap.add_argument("--train", type=Path, default=ROOT.parent / "shared/eval/train.jsonl")
     ap.add_argument("--dev", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--chat", action="store_true", help="prompts as user messages through the chat templates")
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
     ap.add_argument("--passes", type=int, default=2, help="epochs (without --online)")
     ap.add_argument("--threads", type=int, default=2)
@@ -125,24 +145,26 @@ def main() -> int:
         home = os.environ["OMNIDRAFT_HOME"]
         engine = Engine()
         engine.load_target(args.target, measure_baseline=False)
-        tag = f"{args.target}-{args.max_new_tokens}"
+        tag = f"{args.target}-{args.max_new_tokens}{'-chat' * args.chat}"
         replies = None
         if args.replies:
             report = json.loads(args.replies.read_text())
-            if report.get("chat") or report["max_new_tokens"] != args.max_new_tokens:
-                ap.error("--replies needs a raw-completion report with the same --max-new-tokens")
+            if bool(report.get("chat")) != args.chat or report["max_new_tokens"] != args.max_new_tokens:
+                ap.error("--replies needs a report of the same mode (--chat or not) and --max-new-tokens")
             replies = report["outputs"]["target"]
         dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
-                    args.cache / f"dev-{tag}.json", replies)
+                    None if replies else args.cache / f"dev-{tag}.json", replies, chat=args.chat)
         if args.oracle:  # the evaluation's own replies: no learning from other traffic does better
             train = dev
         else:
             train_prompts = read_prompts(args.train, None)
-            train = serve(engine, train_prompts, args.max_new_tokens, args.cache / f"train-{tag}.json")
+            train = serve(engine, train_prompts, args.max_new_tokens, args.cache / f"train-{tag}.json",
+                          chat=args.chat)
             if args.variants:  # other replies the target might give: more of its text, same prompts
                 t = args.variant_temperature
                 sets = [serve(engine, train_prompts, args.max_new_tokens,
-                              args.cache / f"train-{tag}-t{t:g}-seed{v}.json", temperature=t, seed=1000 * (v + 1))
+                              args.cache / f"train-{tag}-t{t:g}-seed{v}.json", temperature=t, seed=1000 * (v + 1),
+                              chat=args.chat)
                         for v in range(args.variants)]
                 train = [s for group in zip(train, *sets) for s in group]
         if args.lora_targets:  # before the first adapter creates the peft model
@@ -174,7 +196,7 @@ def main() -> int:
                                       "seconds": time.perf_counter() - t0})
                 print(f"lr {lr:g} pass {p + 1}: {row['passes'][-1]}", file=sys.stderr, flush=True)
             results.append(row)
-        emit({"target": args.target, "oracle": args.oracle, "lora_targets": list(engine.adapters.targets),
+        emit({"target": args.target, "chat": args.chat, "oracle": args.oracle, "lora_targets": list(engine.adapters.targets),
               "batch_size": args.batch_size,
               "schedule": {"online": args.online, "reviews": args.reviews if args.online else 0,
                            "arrive": (args.arrive or args.batch_size) if args.online else None},

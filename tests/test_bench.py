@@ -140,6 +140,52 @@ def test_the_drafter_heads_precision_and_a_shorter_or_coarser_drafter_change_no_
     assert runners.head_rows("omnidraft-vocab65536") == 65536 and not runners.is_method("omnidraft-vocab255")
 
 
+def test_the_untrained_variant_decodes_plain_decodings_tokens(tiny_target, prompts_file, tmp_path):
+    _drafting_variants(tiny_target, prompts_file, tmp_path, ["omnidraft-untrained"])
+
+
+def test_the_untrained_variant_drafts_without_what_was_learned_and_restores_it(home, monkeypatch):
+    from types import SimpleNamespace
+
+    from omnidraft.core.decoding.vocab_bridge import NgramCache
+
+    class FakeDrafter:  # what the variant builds: the shipped weights, nothing learned
+        def __init__(self, loaded, settings, max_len):
+            self.loaded, self.max_len, self.head = loaded, max_len, None
+
+    monkeypatch.setattr(runners, "Drafter", FakeDrafter)
+    monkeypatch.setattr(runners, "keep_shared_context", lambda *args: None)  # no caches to keep here
+    learned = SimpleNamespace(max_len=99, head=object())  # the engine's drafter, with its adapter and head
+    learned_merges = {(7,): (8,)}
+    seen = []
+
+    class Recording(Engine):
+        def complete(self, prompt, cfg, should_stop: ShouldStop = never, speculative: bool = False):
+            d = self.drafter
+            seen.append((d, d.head, dict(self.bridge.cache.entries), self.draft_policy))
+            self.bridge.cache.entries[(1,)] = (2,)  # what a call merges stays with its method
+            yield TurnFinished("x", "length", TurnStats(method="omnidraft", new_tokens=1), [5])
+
+    engine = Recording()
+    own = engine.draft_policy
+    engine.drafter = learned
+    engine.drafter_model = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(hidden_size=8)))
+    engine.bridge = SimpleNamespace(cache=NgramCache())
+    engine.bridge.cache.entries.update(learned_merges)
+    untrained, omnidraft = runners.untrained_runner(engine), runners.engine_runner(engine, True)
+    for run in (untrained, omnidraft, untrained):
+        run("p", GenerationConfig(max_new_tokens=1))
+        engine.bridge.cache.entries.pop((1,), None)  # omnidraft's own merge, not a learned one
+    (d1, head1, merges1, policy1), (d2, head2, merges2, policy2), (d3, head3, merges3, policy3) = seen
+    assert isinstance(d1, FakeDrafter) and d3 is d1 and d1.loaded is engine.drafter_model and d1.max_len == 99
+    assert head1 is head3 and head1 is not None and head1 is not learned.head  # a fresh acceptance head
+    assert merges1 == merges3 == {} and merges2 == learned_merges
+    assert policy1 is policy3 and policy1 is not own and policy2 is own  # a fresh drafting policy of its own
+    assert (d2, head2) == (learned, learned.head)
+    assert engine.drafter is learned and engine.draft_policy is own and dict(engine.bridge.cache.entries) == learned_merges
+    assert runners.is_method("omnidraft-untrained")
+
+
 def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home):
     from omnidraft.core.decoding.drafter import DraftSettings
 
