@@ -26,6 +26,9 @@ its adapter for `omnidraft-bench --state-dir`. --replies takes the dev replies
 from an omnidraft-bench report (its `target` outputs: the same greedy replies)
 instead of decoding them again.
 
+--learned: no training; the dev match of the adapter a --state-dir holds for the
+target (what an adapt run or the app left there).
+
 --chat: each prompt is a user message through both models' chat templates, as
 the app sends it and `omnidraft-bench --chat` decodes it (then --replies needs a
 --chat report).
@@ -114,6 +117,7 @@ def main() -> int:
     ap.add_argument("--dev", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--chat", action="store_true", help="prompts as user messages through the chat templates")
+    ap.add_argument("--learned", action="store_true", help="only the dev match of the --state-dir's own adapter")
     ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
     ap.add_argument("--passes", type=int, default=2, help="epochs (without --online)")
     ap.add_argument("--threads", type=int, default=2)
@@ -169,6 +173,14 @@ def main() -> int:
                 train = [s for group in zip(train, *sets) for s in group]
         if args.lora_targets:  # before the first adapter creates the peft model
             engine.adapters.targets = tuple(args.lora_targets.split(","))
+        if args.learned:
+            if not (args.state_dir and engine.adapters.has_saved(args.target)):
+                ap.error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
+            learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, ReplayBuffer(
+                Path(home) / "learned-dev.bin", max_samples=1), engine.adapters, args.target, threads=args.threads)
+            emit({"target": args.target, "chat": args.chat, "learned": str(args.state_dir),
+                  **evaluate(learner, dev)}, args.json)
+            return 0
         results = []
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine.adapters.reset(args.target)
