@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 from omnidraft.bench.cli import bench_home, read_prompts
-from omnidraft.bench.runners import as_chat
+from omnidraft.bench.runners import as_chat, prompt_ids
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished, TurnStats
@@ -62,8 +62,7 @@ def prompt_pair(engine: Engine, prompt: str, chat: bool) -> tuple[list[int], lis
     if chat:  # Engine.chat's reading
         encoded = engine.encode(as_chat(prompt))
         return encoded.ids, encode_chat(engine.drafter_model.tokenizer, encoded.messages, "template")
-    return (engine.target.tokenizer(prompt, split_special_tokens=True)["input_ids"],
-            engine.drafter_model.tokenizer(prompt, split_special_tokens=True)["input_ids"])
+    return prompt_ids(engine.target.tokenizer, prompt), prompt_ids(engine.drafter_model.tokenizer, prompt)
 
 
 def serve(
@@ -158,6 +157,14 @@ def main() -> int:
             replies = report["outputs"]["target"]
         dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
                     None if replies else args.cache / f"dev-{tag}.json", replies, chat=args.chat)
+        if args.learned:  # nothing to train: the training prompts are not served
+            if not (args.state_dir and engine.adapters.has_saved(args.target)):
+                ap.error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
+            learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, ReplayBuffer(
+                Path(home) / "learned-dev.bin", max_samples=1), engine.adapters, args.target, threads=args.threads)
+            emit({"target": args.target, "chat": args.chat, "learned": str(args.state_dir),
+                  **evaluate(learner, dev)}, args.json)
+            return 0
         if args.oracle:  # the evaluation's own replies: no learning from other traffic does better
             train = dev
         else:
@@ -173,14 +180,6 @@ def main() -> int:
                 train = [s for group in zip(train, *sets) for s in group]
         if args.lora_targets:  # before the first adapter creates the peft model
             engine.adapters.targets = tuple(args.lora_targets.split(","))
-        if args.learned:
-            if not (args.state_dir and engine.adapters.has_saved(args.target)):
-                ap.error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
-            learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, ReplayBuffer(
-                Path(home) / "learned-dev.bin", max_samples=1), engine.adapters, args.target, threads=args.threads)
-            emit({"target": args.target, "chat": args.chat, "learned": str(args.state_dir),
-                  **evaluate(learner, dev)}, args.json)
-            return 0
         results = []
         for lr in [float(x) for x in args.lrs.split(",")]:
             engine.adapters.reset(args.target)
