@@ -110,33 +110,6 @@ def test_a_round_replays_learned_turns_beside_the_new_ones(parts):
     assert len(loaded) == 3 and not loaded.new_samples()
 
 
-def test_a_replay_takes_the_targets_kept_distributions_instead_of_its_forward(parts, monkeypatch):
-    """Only a turn's first pass runs the target; its replays reuse what that pass
-    kept, within a memory bound (the least recently used give way)."""
-    make, buffer, _store, samples = parts
-    learner = make(batch_size=2, reviews=2, lr=1e-2)
-    forwards = []
-    hook = learner.target_model.register_forward_hook(lambda *args: forwards.append(1))
-    try:
-        _fill(buffer, samples[:2])
-        learner.step()
-        assert len(forwards) == 2
-        before = {k: v.clone() for k, v in learner.snapshot().items()}
-        buffer.add(replace(samples[2]))
-        learner.step()  # the new turn and a learned one replayed
-        learner.step()  # the other replayed
-        assert len(forwards) == 3  # the new turn's only
-        assert learner.lora_params_changed(before)
-        # Room for one turn's rows only: a replay of an evicted turn runs the target again.
-        monkeypatch.setattr("omnidraft.core.learning.learner.KEPT_BYTES", 1)
-        buffer.add(replace(samples[3]))
-        learner.step()
-        learner.step()
-        assert len(forwards) == 3 + 1 + 2 and len(learner._kept) == 1
-    finally:
-        hook.remove()
-
-
 def test_should_stop_interrupts_quickly_without_changes(parts):
     make, buffer, store, samples = parts
     learner = make(batch_size=4)
@@ -178,7 +151,6 @@ def test_should_stop_interrupts_the_backward(parts):
     learner.step(count())  # one whole step: how many checks, and where
     total, where = seen["checks"], seen["in_backward"]
     assert where[-1] and sum(where) >= 3  # the gradient hooks check too
-    learner = make(batch_size=1)  # a learner that has kept no target rows: the same checks
     snapshot = learner.snapshot()
     _fill(buffer, samples[:1])
     seen.update(checks=0, in_backward=[])

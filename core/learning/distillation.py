@@ -39,17 +39,13 @@ same-vocabulary samples (drafter ids = target ids) that is every position.
 The target's logits are recomputed by one target forward at training time
 rather than stored with the sample: a 262,144-entry Gemma distribution is 1 MiB
 per token in fp32, 256 MiB for one 256-token reply, against a few KiB of ids.
-For a replay the learner keeps them in memory, shortened (`KeptRows`): each
-row's TOP_K likeliest tokens exactly and the rest of its mass spread evenly, so a
-replayed turn skips the target forward, about half of a sample's cost.
 """
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,38 +58,6 @@ if TYPE_CHECKING:
 
 LAMBDA = 0.2
 ROWS_PER_SLICE = 16
-TOP_K = 256  # per row; its loss's gradient 0.998 cosine to the full rows' (docs/learning.md)
-
-
-@dataclass(frozen=True)
-class KeptRows:
-    """A target's next-token distributions, shortened to be kept for replays:
-    each row's top_k log-probabilities exactly and the rest of its mass spread
-    evenly over the other ids. Its argmax, and every log-probability the
-    reverse KL reads where the target is likely, are the full rows'."""
-
-    log_probs: torch.Tensor  # [rows, k] float32, each row's largest
-    ids: torch.Tensor  # [rows, k] int32
-    tail: torch.Tensor  # [rows] float32: the log-probability of each id not kept
-    vocab: int
-
-    @classmethod
-    def of(cls, logits: torch.Tensor, top_k: int = TOP_K) -> KeptRows:
-        log_p = F.log_softmax(logits.float(), -1)
-        k = min(top_k, log_p.shape[-1] - 1)
-        top = log_p.topk(k, -1)
-        # log(1 - kept mass), kept off log(0) when the rows' k ids hold it all
-        rest = torch.log1p(-top.values.exp().sum(-1).clamp(max=1 - 1e-7))
-        return cls(top.values, top.indices.to(torch.int32), rest - math.log(log_p.shape[-1] - k), log_p.shape[-1])
-
-    def logits(self) -> torch.Tensor:
-        """[rows, vocab] log-probabilities, usable wherever the full logits were."""
-        out = self.tail[:, None].expand(-1, self.vocab).clone()
-        return out.scatter_(1, self.ids.long(), self.log_probs)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.log_probs, self.ids, self.tail))
 
 
 def hybrid_loss(

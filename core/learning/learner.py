@@ -9,10 +9,8 @@ the buffer's cap drops it. So the adapter keeps what all recent turns teach
 instead of what the last few do: passes over a batch back to back taught it
 less for the same learner time (docs/learning.md). With reviews = 0 (the
 paper's schedule) a round's turns leave the buffer at its end.
-A new sample costs one target forward (no grad: its logits are recomputed, not
-stored) and one drafter forward + backward through the target's LoRA adapter; a
-replay reuses the target's distributions kept in memory from its first pass
-(shortened: distillation.KeptRows), and costs the drafter's half only.
+Each sample costs one target forward (no grad: its logits are recomputed, not
+stored) and one drafter forward + backward through the target's LoRA adapter.
 The same forwards train the target's acceptance head (core/learning/acceptance_head.py)
 on the drafter's hidden states, with its own optimizer, on a turn's first pass
 only (as a new turn would be drafted); it is saved with the adapter.
@@ -27,7 +25,6 @@ samples are retried by the next step.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +37,7 @@ from ..stopping import ShouldStop, never
 from .acceptance_head import LR as HEAD_LR
 from .acceptance_head import AcceptanceHead, HeadExample, fit_head, head_example, segment_labels
 from .adapters import AdapterStore
-from .distillation import LAMBDA, KeptRows, clip_sample, hybrid_loss
+from .distillation import LAMBDA, clip_sample, hybrid_loss
 from .replay_buffer import ReplayBuffer, Sample
 
 Check = Callable[[], None]  # raises _Interrupted when a request is waiting
@@ -48,11 +45,6 @@ Check = Callable[[], None]  # raises _Interrupted when a request is waiting
 
 # CPU flags with which torch multiplies bf16 natively (AVX-512 BF16, AMX).
 NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})
-
-# Memory for the target's kept distributions (~130 KB a 64-token reply, 530 KB
-# at the 256 tokens a sample is clipped to): the replay buffer's 256 turns; the
-# least recently used go first.
-KEPT_BYTES = 128 << 20
 
 
 def training_dtype(flags: frozenset[str] | None = None) -> torch.dtype:
@@ -125,8 +117,6 @@ class Learner:
         self._head_optimizer: torch.optim.AdamW | None = None
         self._round: list[int] = []  # seqs the current round has still to train, in order
         self._rng = random.Random(0)  # which learned turns a round replays
-        # The target's distributions per (clipped target ids, rows kept): replays skip its forward.
-        self._kept: OrderedDict[tuple, KeptRows] = OrderedDict()
 
     # ------------------------------------------------------------ training
     def step(self, should_stop: ShouldStop = never) -> dict | None:
@@ -183,7 +173,7 @@ class Learner:
                   "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
         for sample in batch:
             check()
-            fwd = self.forward(model, sample, check, keep=True)
+            fwd = self.forward(model, sample, check)
             if fwd is None:
                 continue
             s, d_logits, t_logits, hidden, d_offset, t_offset = fwd
@@ -232,14 +222,12 @@ class Learner:
         s, d_logits, t_logits, _, d_offset, t_offset = fwd
         return hybrid_loss(d_logits, t_logits, s, self.bridge, self.lam, d_offset, t_offset, check)
 
-    def forward(self, model, sample: Sample, check: Check = lambda: None, keep: bool = False):
+    def forward(self, model, sample: Sample, check: Check = lambda: None):
         """Target forward without grad, drafter forward with grad, logits only from
         the last prompt position on: (clipped sample, drafter logits, target
         logits, the drafter's final hidden states beside its logits, their
         offsets), or None when the sample has nothing to learn from. check() is
-        called between the phases (it raises to interrupt). With keep, the
-        target's distributions are kept for the sample's replays, and taken from
-        there when kept before (as log-probabilities, KeptRows)."""
+        called between the phases (it raises to interrupt)."""
         s = clip_sample(sample, self.bridge, self.max_prompt_tokens, self.max_reply_tokens)
         t_keep, t_offset = _kept_rows(len(s.target_ids), s.target_prompt_len)
         d_keep, d_offset = _kept_rows(len(s.drafter_ids), s.drafter_prompt_len)
@@ -247,17 +235,10 @@ class Learner:
                 or not _in_vocab(s.target_ids, self.target_model)
                 or not _in_vocab(s.drafter_ids, self.drafter_model)):
             return None
-        key = (tuple(s.target_ids), t_keep)
-        if keep and key in self._kept:
-            self._kept.move_to_end(key)
-            t_logits = self._kept[key].logits()
-        else:
-            with torch.no_grad():
-                t_logits = self.target_model(
-                    input_ids=torch.tensor([s.target_ids]), use_cache=False, logits_to_keep=t_keep
-                ).logits[0]
-            if keep:
-                self._keep(key, KeptRows.of(t_logits))
+        with torch.no_grad():
+            t_logits = self.target_model(
+                input_ids=torch.tensor([s.target_ids]), use_cache=False, logits_to_keep=t_keep
+            ).logits[0]
         check()
         hidden = []  # what the LM head reads: the final (normed) hidden states of the kept rows
         hook = self.drafter_model.get_output_embeddings().register_forward_pre_hook(
@@ -274,12 +255,6 @@ class Learner:
         hidden = torch.cat(hidden)[first:first + d_keep] if hidden else None
         check()
         return s, d_logits, t_logits, hidden, d_offset, t_offset
-
-    def _keep(self, key: tuple, rows: KeptRows) -> None:
-        self._kept[key] = rows
-        total = sum(r.nbytes for r in self._kept.values())
-        while total > KEPT_BYTES and len(self._kept) > 1:
-            total -= self._kept.popitem(last=False)[1].nbytes
 
     # ------------------------------------------------------------ rounds
     def _next_batch(self) -> list[Sample]:
