@@ -148,6 +148,9 @@ def main() -> int:
         home = os.environ["OMNIDRAFT_HOME"]
         engine = Engine()
         engine.load_target(args.target, measure_baseline=False)
+        # Before the dev prompts are served (minutes), not after.
+        if args.learned and not (args.state_dir and engine.adapters.has_saved(args.target)):
+            ap.error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
         tag = f"{args.target}-{args.max_new_tokens}{'-chat' * args.chat}"
         replies = None
         if args.replies:
@@ -158,8 +161,6 @@ def main() -> int:
         dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
                     None if replies else args.cache / f"dev-{tag}.json", replies, chat=args.chat)
         if args.learned:  # nothing to train: the training prompts are not served
-            if not (args.state_dir and engine.adapters.has_saved(args.target)):
-                ap.error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
             learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, ReplayBuffer(
                 Path(home) / "learned-dev.bin", max_samples=1), engine.adapters, args.target, threads=args.threads)
             emit({"target": args.target, "chat": args.chat, "learned": str(args.state_dir),
