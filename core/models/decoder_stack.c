@@ -694,7 +694,10 @@ static void attend_group(const Attention *A, const AttRoom *R, int64_t j, int64_
     /* The row that sees fewest positions (r0) reads from the earliest recent part. */
     int64_t lo = first_recent(A, A->start + r0 + 1), k = 0;
 #ifdef ATT_BF16
-    const int bf = d % 32 == 0; /* VDPBF16PS takes 32 values of a query at a time */
+    /* VDPBF16PS takes 32 values of a query at a time: other heads (16) keep float32
+       attention on every build, amx included; on amx only a product of AMX_ROWS rows
+       or more (a prompt's block) leaves the integer kernel, for bf16 tiles. */
+    const int bf = d % 32 == 0;
     uint16_t *wide16 = (uint16_t *)R->wide;
     if (bf)
         for (int64_t i = 0; i < queries; i++)
