@@ -61,7 +61,7 @@ peers: setup
 	$(PY) -m omnidraft.bench.llamacpp --install
 
 bench: setup
-	$(VENV)/bin/omnidraft-bench --target qwen2.5-coder-1.5b-instruct --prompts ../shared/eval/dev.jsonl --max-new-tokens 64 --methods target,hf,omnidraft --json bench.json
+	$(VENV)/bin/omnidraft-bench --target qwen2.5-coder-1.5b-instruct --prompts eval/dev.jsonl --max-new-tokens 64 --methods target,hf,omnidraft --json bench.json
 
 lint: setup
 	$(VENV)/bin/ruff check core app bench omnidraft tests scripts

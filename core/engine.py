@@ -74,7 +74,7 @@ def _turn_starts(turns: list[dict]) -> list[int]:
 
 @dataclass
 class LearnSettings:
-    """Online distillation (OMNIDRAFT.md §2): the paper's settings except lr and
+    """Online distillation (docs/method.md §2): the paper's settings except lr and
     the replay of learned turns, chosen by scripts/learning_sweep.py
     (docs/learning.md): lr 5e-4; three learned turns replayed per new one taught
     the default target's drafter as much as four epochs over all turns, where

@@ -8,7 +8,7 @@ keeps can be weighed against what its bytes cost. The state folder is copied
 first: the benchmark never changes it.
 
     PYTHONPATH=. .venv/bin/python scripts/adapter_rank_eval.py --rank 8 --from STATE_DIR -- \\
-        --target qwen2.5-coder-1.5b-instruct --prompts ../shared/eval/dev.jsonl \\
+        --target qwen2.5-coder-1.5b-instruct --prompts eval/dev.jsonl \\
         --max-new-tokens 64 --methods target,omnidraft --json out.json
 """
 

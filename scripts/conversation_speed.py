@@ -83,7 +83,7 @@ def llamacpp_answer(engine: Engine, threads: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--prompts", type=Path, default=Path("../shared/eval/dev.jsonl"))
+    parser.add_argument("--prompts", type=Path, default=Path("eval/dev.jsonl"))
     parser.add_argument("--turns", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--llamacpp", action="store_true", help="llama.cpp on the same GGUF as a third method")

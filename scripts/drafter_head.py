@@ -15,7 +15,7 @@ Printed: ms a one-token drafter forward right after a one-token target forward
 with the int8 head's over the dev prompts' positions, and the share of the int8
 head's argmaxes below --rows.
 
-    PYTHONPATH=. .venv/bin/python scripts/drafter_head.py --prompts ../shared/eval/dev.jsonl
+    PYTHONPATH=. .venv/bin/python scripts/drafter_head.py --prompts eval/dev.jsonl
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ alternating), ms a prompt token of a --prompt-tokens prompt read, and how often
 its argmax agrees with Q4_1's over the dev prompts' positions. End to end:
 `omnidraft-bench --methods target,omnidraft,omnidraft-q4k`.
 
-    PYTHONPATH=. .venv/bin/python scripts/drafter_layout.py --prompts ../shared/eval/dev.jsonl
+    PYTHONPATH=. .venv/bin/python scripts/drafter_layout.py --prompts eval/dev.jsonl
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ lookup on/off) it measures, in one process and interleaved prompt by prompt:
   acceptance   = accepted / proposed target tokens
   tokens/step  = new tokens per target forward
   speedup      = omnidraft tokens/s / plain target tokens/s on the same prompts
-Usage: python scripts/drafter_sweep.py --target gemma-3-270m --prompts ../shared/eval/dev.jsonl \
+Usage: python scripts/drafter_sweep.py --target gemma-3-270m --prompts eval/dev.jsonl \
           --limit 8 --max-new-tokens 64 [--json docs/drafter_sweep.json]
 """
 

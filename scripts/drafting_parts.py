@@ -93,7 +93,7 @@ def main() -> int:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="an adapt run's state: the adapter and head (none: the untrained engine, way 'none' only)")
-    ap.add_argument("--prompts", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
+    ap.add_argument("--prompts", type=Path, default=ROOT / "eval/dev.jsonl")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=2)

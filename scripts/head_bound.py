@@ -24,7 +24,7 @@ split layout's called whole and greedy: a one-token step 6.1% cheaper greedy, a
 5-row verification only 0.5%, and the whole head from the split layout 2.6% dearer
 at 5 rows (docs/speed.md, "A greedy LM head").
 
-    PYTHONPATH=. .venv/bin/python scripts/head_bound.py --prompts ../shared/eval/dev.jsonl
+    PYTHONPATH=. .venv/bin/python scripts/head_bound.py --prompts eval/dev.jsonl
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ def evaluate(learner: Learner, samples: list[Sample]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="gemma-3-270m")
-    ap.add_argument("--train", type=Path, default=ROOT.parent / "shared/eval/train.jsonl")
-    ap.add_argument("--dev", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
+    ap.add_argument("--train", type=Path, default=ROOT / "eval/train.jsonl")
+    ap.add_argument("--dev", type=Path, default=ROOT / "eval/dev.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--chat", action="store_true", help="prompts as user messages through the chat templates")
     ap.add_argument("--learned", action="store_true", help="only the dev match of the --state-dir's own adapter")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--prompts", type=Path, default=ROOT.parent / "shared" / "eval" / "dev.jsonl")
+    p.add_argument("--prompts", type=Path, default=ROOT / "eval" / "dev.jsonl")
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     args = p.parse_args()

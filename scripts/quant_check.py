@@ -82,7 +82,7 @@ def forward_ms(model, tok) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("--prompts", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
+    p.add_argument("--prompts", type=Path, default=ROOT / "eval/dev.jsonl")
     p.add_argument("--limit", type=int, default=12)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)

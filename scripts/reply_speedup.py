@@ -68,7 +68,7 @@ def conversation(engine: Engine, prompts: list[str], tokens: int, first: int) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--prompts", type=Path, default=Path("../shared/eval/dev.jsonl"))
+    parser.add_argument("--prompts", type=Path, default=Path("eval/dev.jsonl"))
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--max-new-tokens", default="64,256", help="reply lengths, comma-separated")
     parser.add_argument("--turns", type=int, default=1, help="prompts a conversation; --limit prompts in all")

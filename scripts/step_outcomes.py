@@ -66,7 +66,7 @@ def summary(steps: list[tuple[str, int, int, float]]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--prompts", type=Path, default=ROOT.parent / "shared/eval/dev.jsonl")
+    ap.add_argument("--prompts", type=Path, default=ROOT / "eval/dev.jsonl")
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)

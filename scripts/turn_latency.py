@@ -53,7 +53,7 @@ def conversation(engine: Engine, prompts: list[str], cfg: GenerationConfig, kept
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--prompts", type=Path, default=Path("../shared/eval/dev.jsonl"))
+    parser.add_argument("--prompts", type=Path, default=Path("eval/dev.jsonl"))
     parser.add_argument("--conversations", type=int, default=2)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)

@@ -13,7 +13,7 @@ import pytest
 from tests.tiny import TEST_CACHE
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_EVAL = ROOT.parent / "shared" / "eval"
+EVAL_DIR = ROOT / "eval"
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Never touch a developer's real keyring from tests.

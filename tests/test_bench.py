@@ -14,7 +14,7 @@ from omnidraft.core.stopping import ShouldStop, never
 
 from tests.tiny import tiny_llama
 
-DEV_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
+DEV_PROMPTS = Path(__file__).resolve().parents[1] / "eval" / "dev.jsonl"
 PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is"]
 
 

@@ -1,4 +1,4 @@
-"""The hybrid loss (OMNIDRAFT.md §2) on tiny models with the real tokenizers."""
+"""The hybrid loss (docs/method.md §2) on tiny models with the real tokenizers."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Adaptive drafting (OMNIDRAFT.md §3), per target: which draft source pays off.
+"""Adaptive drafting (docs/method.md §3), per target: which draft source pays off.
 
 A step can take its proposals from prompt lookup (free: the context's last n
 tokens occurred before, propose what followed) or from the drafter (costs its

@@ -37,7 +37,7 @@ class DraftSettings:
     # Stop drafting early once the drafter's own top probability falls below this
     # (chosen by scripts/drafter_sweep.py, see docs/drafter.md).
     min_confidence: float = 0.5
-    # Adaptive drafting (OMNIDRAFT.md §3): stop once 1 - prod(P_i) > gamma. Without a
+    # Adaptive drafting (docs/method.md §3): stop once 1 - prod(P_i) > gamma. Without a
     # trained acceptance head, P_i is the drafter's own top probability. None = off.
     # With a trained head, its P_i replaces the top probability in both rules.
     gamma: float | None = None

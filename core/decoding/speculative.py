@@ -1,4 +1,4 @@
-"""Cross-vocabulary speculative decoding (OMNIDRAFT.md §1), as a generator of
+"""Cross-vocabulary speculative decoding (docs/method.md §1), as a generator of
 the same events plain decoding yields.
 
 One step (generate_speculative's loop): propose() drafts k tokens in the
@@ -168,7 +168,7 @@ class SpeculativeDecoder:
         self.pending = new[-1]
 
     def learn(self, new: int) -> None:
-        """The n-gram cache learns from the accepted text (OMNIDRAFT.md §1)."""
+        """The n-gram cache learns from the accepted text (docs/method.md §1)."""
         if self.options.use_ngram_cache and not self.bridge.same_vocab:
             self.bridge.learn_text(self.context[-(new + LEARN_LOOK_BEHIND) :])
 

@@ -1,4 +1,4 @@
-"""Verifying target-space proposals against one target forward (OMNIDRAFT.md §1).
+"""Verifying target-space proposals against one target forward (docs/method.md §1).
 
 logits has one row per proposal plus one: row i is the target's next-token
 distribution after the accepted prefix and proposals[:i].

@@ -1,6 +1,6 @@
 """The vocabulary bridge between a drafter and a target with different tokenizers.
 
-OMNIDRAFT.md section 1. Two parts:
+docs/method.md section 1. Two parts:
 
 * DirectMap: a drafter token maps to the target token with the same bytes
   (space markers normalised: 'Ġ' in byte-level BPE and '▁' in SentencePiece both

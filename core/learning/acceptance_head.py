@@ -1,4 +1,4 @@
-"""The acceptance head (OMNIDRAFT.md §3), across vocabularies.
+"""The acceptance head (docs/method.md §3), across vocabularies.
 
 A small head on the drafter's hidden state predicts, for each drafted token,
 P_i = P(the target accepts it | everything drafted before it was accepted)

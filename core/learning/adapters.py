@@ -1,4 +1,4 @@
-"""Per-target LoRA adapters on the one shared drafter (OMNIDRAFT.md section 2).
+"""Per-target LoRA adapters on the one shared drafter (docs/method.md section 2).
 
 The drafter learns separately for every target it serves: one LoRA adapter per
 target id, switched with the target. All adapters live on ONE peft PeftModel

@@ -1,4 +1,4 @@
-"""Hybrid distillation loss for the drafter (OMNIDRAFT.md section 2).
+"""Hybrid distillation loss for the drafter (docs/method.md section 2).
 
 A served turn's reply exists twice: as the target's tokens t_1..t_m and as the
 drafter's tokenization of the same text d_1..d_n. `align` splits both at every

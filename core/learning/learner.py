@@ -1,4 +1,4 @@
-"""Online hybrid distillation of the drafter toward one target (OMNIDRAFT.md §2).
+"""Online hybrid distillation of the drafter toward one target (docs/method.md §2).
 
 Schedule (the paper's, with experience replay): served turns collect in the
 replay buffer; a round trains once on every turn not learned yet and on

@@ -1,6 +1,6 @@
 """The learner's replay buffer: recent (prompt, reply) turns for one target.
 
-OMNIDRAFT.md section 2: every served turn is appended; every I prompts the
+docs/method.md section 2: every served turn is appended; every I prompts the
 learner makes one pass over the buffer and clears it. Ours keeps a turn after
 its first pass, marked learned, for the learner to replay among newer ones
 (core/learning/learner.py), until the cap drops it. The samples are the

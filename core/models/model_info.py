@@ -1,6 +1,6 @@
 """What a loaded target is (Targets → Model info…): architecture, size, how its
 file is quantized, its context, its tokenizer, and how the drafter's vocabulary
-maps onto it (the direct map of OMNIDRAFT.md §1).
+maps onto it (the direct map of docs/method.md §1).
 
 Imported by the GUI process too (the worker protocol carries ModelInfo): torch and
 the loader are only imported inside describe(), which runs in the worker.
