@@ -1,6 +1,6 @@
-/* The AVX-512 intrinsics core/models/int4_gemm.c and decoder_stack.c use, emulated
+/* The AVX-512 intrinsics core/kernels/csrc/quant_gemm.c and decoder_stack.c use, emulated
    lane by lane on an AVX2 CPU, so that their AVX-512 paths run (slowly) where
-   AVX-512 does not: tests/test_int4.py builds the kernels with `-include` of this
+   AVX-512 does not: tests/test_kernels.py builds the kernels with `-include` of this
    file and checks them against the AVX2 build. Each emulation does what the instruction does to
    the values the kernel gives it (same rounding: fmaf rounds once, as VFMADD does;
    float conversions round to nearest even, as the default MXCSR does). */

@@ -98,28 +98,28 @@ def test_no_model_loaded_is_a_clear_error(home):
 
 
 def test_a_kernel_build_asked_for_by_name_that_this_cpu_cannot_run_is_named(monkeypatch):
-    from omnidraft.core.models import int4
+    from omnidraft.core.kernels import build
 
     monkeypatch.setenv("OMNIDRAFT_KERNEL_ISA", "avx1024")
-    monkeypatch.setattr(int4, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
-    int4._library.cache_clear()
+    monkeypatch.setattr(build, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    build.forget_builds()
     try:
-        assert int4.kernel_isa() is None
-        assert int4.unavailable() == "OMNIDRAFT_KERNEL_ISA=avx1024 is not a build this CPU runs (avx2)"
+        assert build.kernel_isa() is None
+        assert build.unavailable() == "OMNIDRAFT_KERNEL_ISA=avx1024 is not a build this CPU runs (avx2)"
     finally:
-        int4._library.cache_clear()
+        build.forget_builds()
 
 
 def test_a_cpu_the_4_bit_kernels_cannot_run_on_is_named_with_the_reason(monkeypatch):
-    from omnidraft.core.models import int4
+    from omnidraft.core.kernels import build
 
     for flags, isa in ((frozenset({"sse2", "avx"}), None), (frozenset({"avx2", "fma", "f16c"}), "avx2")):
-        monkeypatch.setattr(int4, "cpu_flags", lambda flags=flags: flags)
-        int4._library.cache_clear()
+        monkeypatch.setattr(build, "cpu_flags", lambda flags=flags: flags)
+        build.forget_builds()
         try:
-            assert int4.runnable_isas() == ([isa] if isa else [])
+            assert build.runnable_isas() == ([isa] if isa else [])
             if isa is None:
-                assert int4.kernel_isa() is None
-                assert "neither AVX2" in int4.unavailable()
+                assert build.kernel_isa() is None
+                assert "neither AVX2" in build.unavailable()
         finally:
-            int4._library.cache_clear()
+            build.forget_builds()

@@ -9,7 +9,7 @@ asks (madvise MADV_HUGEPAGE; "madvise" is the common default of
 /sys/kernel/mm/transparent_hugepage/enabled), but torch's allocator does not ask
 for tensors under 2 MB, and the drafter's 121 products are 0.2-1.1 MB each.
 Gathered into one 2 MB-aligned block, a drafter forward right after a target
-step ran 12% faster and the target's one-token step 9% (docs/speed.md, "2 MB
+step ran 12% faster and the target's one-token step 9% (git show 524cea4:docs/speed.md, "2 MB
 pages"). Elsewhere (another OS, THP off) the same blocks are ordinary memory.
 """
 

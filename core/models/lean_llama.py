@@ -27,20 +27,22 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ..kernels.build import amx_rows as kernels_amx_rows
+from ..kernels.build import unavailable as kernels_unavailable
+from ..kernels.layouts import Q4_1, Q4_K, fit_q4_k
+from ..kernels.layouts import fit as fit_q4_1
+from ..kernels.linear import QuantLinear, quant_mm
+from ..kernels.linear import join as join_quant
+from ..kernels.stack import DecoderStack, runs_in_stack
 from ..stopping import ShouldStop, never
 from . import huge_pages
-from .int4 import Q4_1, Q4_K, DecoderStack, Int4Linear, fit_q4_k, q4_mm, runs_in_stack
-from .int4 import amx_rows as int4_amx_rows
-from .int4 import fit as int4_fit
-from .int4 import join as int4_join
-from .int4 import unavailable as int4_unavailable
 from .quantize import int8_mm, pack_int8
 
 ARCHITECTURES = ("llama", "qwen2")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 # The drafter's 4-bit forms: Q4_1 (SmolLM2's file, read back exactly) or Q4_K
-# (a coarser grid in fewer bytes; the bench's omnidraft-q4k).
-_FITS = {Q4_1: int4_fit, Q4_K: fit_q4_k}
+# (a coarser grid in fewer bytes; the bench's --draft q4k=1).
+_FITS = {Q4_1: fit_q4_1, Q4_K: fit_q4_k}
 _KV_GROWTH = 256  # tokens the KV buffer grows by at least (it doubles up to max_len)
 # Rows per decoder-stack call: a long prompt goes in chunks, so the kernel's
 # buffers stay a few tens of MB (rows are independent: the same results).
@@ -49,7 +51,7 @@ _STACK_ROWS = 256
 # one-token step does, here and on transformers' forward (target_runtime.ROWWISE):
 # SDPA's masked block kernel sums in another order, and the next int8 layers'
 # rounding grew those last-bit differences into other tokens (Qwen2.5-Coder-0.5B:
-# 21 of 40 replies unlike plain decoding's; docs/speed.md).
+# 21 of 40 replies unlike plain decoding's; git show 524cea4:docs/speed.md).
 EXACT_ROWS = 16
 ATT_PART = 256  # decoder_stack.c's softmax part: a window reads whole parts
 
@@ -73,11 +75,11 @@ def supports(config) -> str | None:
 class DraftLinear:
     """y = x W^T (+ b) for the drafter: dense in its dtype, or (int8) through the
     same row-scaled int8 GEMM as the target (core/models/quantize.py), or (int4)
-    rounded to 4 bits through the target's 4-bit kernel (core/models/int4.py) in
+    rounded to 4 bits through the target's kernels (core/kernels/) in
     `layout`'s form (Q4_1: SmolLM2's file stores these layers so already; Q4_K
-    was measured and not taken, docs/drafter.md), both flat in the rows:
+    was measured and not taken, git show 524cea4:docs/drafter.md), both flat in the rows:
     the drafter's one-token steps and the few-token re-syncs after each
-    verification cost about the same (docs/drafter.md).
+    verification cost about the same (git show 524cea4:docs/drafter.md).
 
     low_rank: a target's adapter, per part of a fused projection in output order,
     [(a [r, in], b [part's out, r])], W' = W + b @ a. At 4 bits it stays beside
@@ -115,7 +117,7 @@ class DraftLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed4 is not None:
-            y = q4_mm(x, self.packed4, self.out_features, self.kind).to(x.dtype)
+            y = quant_mm(x, self.packed4, self.out_features, self.kind).to(x.dtype)
         elif self.packed is not None:
             y = int8_mm(x, self.packed).to(x.dtype)
         else:
@@ -173,7 +175,7 @@ class LeanLlama:
         self.share = share
         self.int8 = int8 and not share
         # int4: the drafter's projections in 4 bits where the kernel runs (else int8).
-        self.int4 = self.int8 and int4 and int4_unavailable() is None
+        self.int4 = self.int8 and int4 and kernels_unavailable() is None
         self.layout = layout  # the drafter's 4-bit form (_FITS)
         # An int8 drafter computes in float32 between its int8 products: the
         # kernel takes and returns float32, and casting to bf16 would only add ops.
@@ -196,7 +198,7 @@ class LeanLlama:
         head = hf_model.get_output_embeddings()
         if share:
             self.head: Projection = self._own(head)
-        else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (docs/drafter.md)
+        else:  # 4 bits changes 1 argmax in 6, yet the cheaper drafted token wins end to end (git show 524cea4:docs/drafter.md)
             self.head = DraftLinear(self._w(head.weight[:head_rows]), None, self.int8, self.int4, layout=self.layout)
         huge_pages.gather(self._placeable(self.layers, self.head))
         self.stack = self._stack()
@@ -210,11 +212,11 @@ class LeanLlama:
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype)
         self.ids: list[int] = []  # the tokens whose keys/values the buffer holds, in order
         # Where the 4-bit kernel runs products of many rows on AMX tiles (bf16) and
-        # fewer in integers (int4.py), a row's keys/values depend on the block it
+        # fewer in integers (core/kernels/build.py), a row's keys/values depend on the block it
         # ran in: a target's kept prefix leaves at least a block that large to
         # recompute (the drafter's rows only change its speed).
-        low_bit = share and any(isinstance(m, Int4Linear) for m in inner.modules())
-        self.fresh_rows = max(1, int4_amx_rows()) if low_bit else 1
+        low_bit = share and any(isinstance(m, QuantLinear) for m in inner.modules())
+        self.fresh_rows = max(1, kernels_amx_rows()) if low_bit else 1
 
     @classmethod
     def sharing(cls, hf_model, max_len: int, dtype: torch.dtype = torch.float32) -> LeanLlama:
@@ -232,16 +234,16 @@ class LeanLlama:
 
     def _joined(self, *modules) -> Projection:
         """The model's projections of one input side by side: each run of 4-, 6- or
-        8-bit ones of one layout as one product (int4.join, sharing their weights),
+        8-bit ones of one layout as one product (kernels.linear.join, sharing their weights),
         the others called as they are."""
         parts: list = []
         for m in modules:
-            kernel = isinstance(m, Int4Linear) and self.dtype == torch.float32
+            kernel = isinstance(m, QuantLinear) and self.dtype == torch.float32
             if kernel and parts and isinstance(parts[-1], list) and parts[-1][0].kind == m.kind:
                 parts[-1].append(m)
             else:
                 parts.append([m] if kernel else self._own(m))
-        parts = [(int4_join(p) if len(p) > 1 else p[0]) if isinstance(p, list) else p for p in parts]
+        parts = [(join_quant(p) if len(p) > 1 else p[0]) if isinstance(p, list) else p for p in parts]
         return parts[0] if len(parts) == 1 else _Joined(*parts)
 
     def _w(self, t: torch.Tensor) -> torch.Tensor:
@@ -310,8 +312,8 @@ class LeanLlama:
     def _stack(self) -> DecoderStack | None:
         """The layers as one kernel call when every projection is 4-bit or 6-bit
         (the drafter's usual form, and a Q4_K_M target's): ~2.5x faster for the
-        drafter than the same layers as torch ops (docs/speed.md has the target's)."""
-        if self.dtype != torch.float32 or self.head_dim % 16 or self.head_dim > 256 or int4_unavailable() is not None:
+        drafter than the same layers as torch ops (git show 524cea4:docs/speed.md has the target's)."""
+        if self.dtype != torch.float32 or self.head_dim % 16 or self.head_dim > 256 or kernels_unavailable() is not None:
             return None
         def parts(p) -> list:
             return list(p.parts) if isinstance(p, _Joined) else [p]

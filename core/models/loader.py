@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.build import unavailable as kernels_unavailable
 from ..storage import paths
 from ..storage.persistence import partial_path, remove_stale_partials
 from . import converted_cache
 from .bundled_models import Progress, gemma_terms_files, no_progress
 from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
-from .int4 import unavailable as int4_unavailable
 from .lean_llama import supports as lean_supports
 from .quantize import FourBit, k_quant_reader, quantize_int8
 from .target_runtime import TargetRunner
@@ -118,9 +118,9 @@ def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
 def _four_bit(entry: ModelEntry, model) -> FourBit | None:
     """Where the target's 4-, 6- and 8-bit layers come from: its GGUF file's
     K-quant tensors (and Q5_0 and Q8_0 ones for a Llama or Qwen2 model), when
-    the 4-bit kernel runs on this machine (core/models/int4.py)."""
+    the kernels run on this machine (core/kernels/)."""
     src = source_path(entry)
-    if src.suffix.lower() != ".gguf" or int4_unavailable() is not None:
+    if src.suffix.lower() != ".gguf" or kernels_unavailable() is not None:
         return None
     return k_quant_reader(src, stack=lean_supports(model.config) is None)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import int4
+from ..kernels import build as kernels
 from .gguf_header import read_header
-from .quantize import Int8Linear, int4_count, parameter_count
+from .quantize import Int8Linear, parameter_count, quant_layer_count
 
 if TYPE_CHECKING:
     from ..decoding.vocab_bridge import VocabBridge
@@ -117,11 +117,11 @@ def describe(
 def _runs_as(target: LoadedModel, computes_in: str) -> str:
     if not target.int8:
         return computes_in
-    four, six, eight = (int4_count(target.model, bits=bits) for bits in (4, 6, 8))
+    four, six, eight = (quant_layer_count(target.model, bits=bits) for bits in (4, 6, 8))
     if four or six or eight:
         sizes = ", ".join(f"{bits}-bit in {n}" for bits, n in ((6, six), (8, eight)) if n)
         sizes = f"4-bit weights in {four} layers" + (f", {sizes}" if sizes else "")
         rest = ", int8 in the rest" if any(isinstance(m, Int8Linear) for m in target.model.modules()) else ""
-        return f"{sizes} (as in the file; {int4.kernel_isa()} kernel){rest}, {computes_in} activations"
-    why = int4.unavailable() if target.entry.is_gguf else None
+        return f"{sizes} (as in the file; {kernels.kernel_isa()} kernel){rest}, {computes_in} activations"
+    why = kernels.unavailable() if target.entry.is_gguf else None
     return f"int8 weights, {computes_in} activations" + (f" ({why})" if why else "")

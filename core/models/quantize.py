@@ -1,6 +1,6 @@
 """Quantized target weights: int8 linear layers whose cost stays flat in the rows verified.
 
-Why this format (scripts/speed_floor.py, docs/results/speed-floor.json; 2 threads
+Why this format (python -m omnidraft.tools.speed_floor; git show 524cea4:docs/results/speed-floor.json; 2 threads
 here): per 220 MB of bf16-equivalent weight, fbgemm's int8 GEMM with dynamically
 quantized activations costs 3.5 / 2.9 / 3.0 / 3.0 / 3.3 ms for 1 / 2 / 3 / 5 / 8
 rows, against 10.3-11.9 ms in bf16 and, for weight-only int4, 3.1 ms for one row
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from . import int4
+from ..kernels import layouts
+from ..kernels.linear import QuantLinear, quant_linear
 from .gguf_header import read_header
 
 # Linear layers below this size stay as they are: for them the per-call work of
@@ -88,14 +89,14 @@ FourBit = Callable[[str, torch.Tensor], "tuple[torch.Tensor, torch.Tensor, torch
 def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> int:
     """Replace the model's large linear layers (its LM head included) in place;
     returns how many were replaced. The float weights are freed as each goes.
-    four_bit(module name, weight): a layer's 4-bit or 6-bit form (int4.low_bit), or
+    four_bit(module name, weight): a layer's 4-, 6- or 8-bit form (kernels.linear.quant_linear), or
     None for int8 (see k_quant_reader)."""
     replaced = 0
     for prefix, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
             if type(child) is torch.nn.Linear and child.weight.numel() >= MIN_WEIGHTS:
                 four = four_bit(f"{prefix}.{name}" if prefix else name, child.weight) if four_bit else None
-                setattr(module, name, int4.low_bit(child, four) if four else Int8Linear(child))
+                setattr(module, name, quant_linear(child, four) if four else Int8Linear(child))
                 replaced += 1
     if getattr(model.config, "tie_word_embeddings", False):
         # The input embeddings keep their float table; the head now has its own int8 copy.
@@ -105,31 +106,31 @@ def quantize_int8(model: torch.nn.Module, four_bit: FourBit | None = None) -> in
 
 def k_quant_reader(gguf: Path, stack: bool = False) -> FourBit:
     """The layers of the model loaded from this GGUF file that it stores as Q4_K or
-    Q6_K, in the kernel's form (int4.low_bit); None for the others, and for a tensor not
-    stored as the loaded weight (see int4.matches).
+    Q6_K, in the kernels' form (kernels.layouts); None for the others, and for a tensor not
+    stored as the loaded weight (see layouts.matches).
     stack: the model's layers can run as one kernel call (a Llama or Qwen2 model,
     LeanLlama's). Then Q5_0 layers take the 6-bit form too (exactly) and Q8_0
     ones (a Q5_0 file's v projections and LM head) their own 8-bit form, so the
     whole stack runs as one call rather than on torch ops: Qwen2.5-Coder-0.5B
-    ~2x faster (docs/speed.md). A model on transformers' forward (Gemma 3) keeps
+    ~2x faster (git show 524cea4:docs/speed.md). A model on transformers' forward (Gemma 3) keeps
     int8 for them: its plain steps got 7-11% faster with Q5_0 in 6 bits, but its
     drafted replies' tokens/s fell 4-6% on the changed replies' acceptance."""
     tensors = {t.name: t for t in read_header(gguf).tensors}
     with open(gguf, "rb") as f:
         buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    readers = {int4.Q4_K: int4.read_q4_k, int4.Q6_K: int4.read_q6_k}
+    readers = {layouts.Q4_K: layouts.read_q4_k, layouts.Q6_K: layouts.read_q6_k}
     if stack:
-        readers |= {int4.Q5_0: int4.read_q5_0, int4.Q8_0: int4.read_q8_0}
+        readers |= {layouts.Q5_0: layouts.read_q5_0, layouts.Q8_0: layouts.read_q8_0}
 
     def read(module_name: str, weight: torch.Tensor):
-        tensor = tensors.get(int4.gguf_name(module_name) or "")
+        tensor = tensors.get(layouts.gguf_name(module_name) or "")
         if tensor is None or tensor.ggml_type not in readers or len(tensor.dims) != 2:
             return None
         k, n = tensor.dims
-        if n % int4.CHANNELS:
+        if n % layouts.CHANNELS:
             return None
         quantized = readers[tensor.ggml_type](buffer, tensor.offset, n, k)
-        return quantized if int4.matches(weight, quantized) else None
+        return quantized if layouts.matches(weight, quantized) else None
 
     return read
 
@@ -137,10 +138,10 @@ def k_quant_reader(gguf: Path, stack: bool = False) -> FourBit:
 def streamed_bytes(model: torch.nn.Module) -> int:
     """Weight bytes one forward reads: every linear layer's (int8 ones at one byte a
     weight), not the embedding table, of which a forward reads a few rows. Divided
-    by the memory bandwidth (scripts/speed_floor.py) it is the forward's floor."""
+    by the memory bandwidth (python -m omnidraft.tools.speed_floor) it is the forward's floor."""
     total = 0
     for m in model.modules():
-        if isinstance(m, int4.Int4Linear):
+        if isinstance(m, QuantLinear):
             total += m.streamed
         elif isinstance(m, Int8Linear):
             total += m.weight_count
@@ -151,14 +152,14 @@ def streamed_bytes(model: torch.nn.Module) -> int:
 
 def parameter_count(model: torch.nn.Module) -> int:
     """Weights of the model as published: its parameters plus the int8 layers' packed ones."""
-    packed = sum(m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, int4.Int4Linear)))
+    packed = sum(m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, QuantLinear)))
     return packed + sum(p.numel() for p in model.parameters())
 
 
 def is_quantized(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, (Int8Linear, int4.Int4Linear)) for m in model.modules())
+    return any(isinstance(m, (Int8Linear, QuantLinear)) for m in model.modules())
 
 
-def int4_count(model: torch.nn.Module, bits: int = 4) -> int:
-    """How many linear layers hold 4-bit weights (or `bits`: 6, 8)."""
-    return sum(isinstance(m, int4.Int4Linear) and m.bits == bits for m in model.modules())
+def quant_layer_count(model: torch.nn.Module, bits: int = 4) -> int:
+    """How many linear layers hold weights in a kernel layout of `bits` bits (4, 6, 8)."""
+    return sum(isinstance(m, QuantLinear) and m.bits == bits for m in model.modules())

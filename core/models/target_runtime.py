@@ -4,7 +4,7 @@ reply reuses as far as its prompt shares what the cache holds.
 
 Llama and Qwen2 targets run on core/models/lean_llama.py over the model's own
 (int8) linear layers: the same weights and products as transformers' forward,
-without its per-layer Python (docs/speed.md has the measured step times), with
+without its per-layer Python (git show 524cea4:docs/speed.md has the measured step times), with
 float32 activations and the KV cache in fp16 where the layers run as one kernel
 call (float32 otherwise), each row computed on its own, so a verified token's
 logits do not depend on how many tokens were verified beside it. Any other architecture
@@ -42,7 +42,7 @@ class TargetSession(Protocol):
 # just the keys the row sees, unmasked, as a one-token step does; longer blocks (a
 # prompt) as sdpa. SDPA over a masked block sums in another order, which through
 # bf16 activations and int8 layers made 37 of 40 Gemma-3-270M replies unlike plain
-# decoding's (docs/speed.md).
+# decoding's (git show 524cea4:docs/speed.md).
 ROWWISE = "omnidraft_rowwise"
 
 

@@ -1,5 +1,5 @@
 /* A Llama-family decoder stack in one call, every projection 4-bit or 6-bit
-(int4_gemm.c): the drafter's forward and a GGUF target's
+(quant_gemm.c): the drafter's forward and a GGUF target's
 (core/models/lean_llama.py).
 
 Why: the drafter's weights stream in ~2 ms, but a forward of its 30 layers as
@@ -21,7 +21,7 @@ layout [layer, 2, kv head, capacity, head_dim], as LeanLlama holds it, in fp16: 
 thousands of positions the keys and values are what a step reads besides the weights (57 KB a position for
 Qwen2.5-1.5B in float32, 46 KB for the drafter, whose weights are 84 MB), and the
 ones written are the ones read, so a verified row still sees what its one-token
-step would (docs/speed.md); cos/sin [capacity, head_dim] from the model's
+step would (docs/performance.md); cos/sin [capacity, head_dim] from the model's
 own rotary embedding, so every RoPE variant comes out as the model computes it.
 Attention's multiply-adds run in bf16 where the build has AVX512-BF16 (ATT_BF16,
 below), float32 elsewhere.
@@ -30,7 +30,7 @@ in 4 bits and v in 6), each its own product into its columns.
 
 The norms, RoPE, SiLU and residual adds split their rows between the threads, as
 the products and attention do: with the products on AMX tiles, those loops on one
-thread were a sixth of a 200-token prompt read (scripts/kernel_ab.py --prompt 200).
+thread were a sixth of a 200-token prompt read (tools/kernel_ab.py --prompt 200).
 */
 #include <immintrin.h>
 #include <math.h>
@@ -39,10 +39,10 @@ thread were a sixth of a 200-token prompt read (scripts/kernel_ab.py --prompt 20
 #include <stdlib.h>
 #include <string.h>
 
-#include "int4_gemm.h"
+#include "quant_gemm.h"
 
 typedef struct {
-    const uint8_t *packed; /* int4_gemm.c's block layouts */
+    const uint8_t *packed; /* quant_gemm.c's block layouts */
     const float *bias;     /* NULL: none */
     int64_t out;           /* 0: no such part */
     int64_t kind;          /* the layout: LAYOUT_Q4_1, LAYOUT_Q4_K, LAYOUT_Q6_K or LAYOUT_Q8_0 */
@@ -63,7 +63,7 @@ typedef struct {
 } Layer;
 
 /* Float vectors of VW lanes: AVX-512 (16) where the CPU has it, else AVX2 with FMA
-and F16C (8), so one source serves both builds (int4.py picks the flags). */
+and F16C (8), so one source serves both builds (core/kernels/build.py picks the flags). */
 #ifdef OMNI_ZMM
 #define VW 16
 typedef __m512 vec;
@@ -162,10 +162,10 @@ static inline float dot(const float *a, const uint16_t *b, int64_t len) {
 }
 
 /* The adapter and the bias beside a projection's product, on its threads (a Beside,
-   int4_gemm.h): t = x A^T while the product quantizes its rows, then y += t B^T
+   quant_gemm.h): t = x A^T while the product quantizes its rows, then y += t B^T
    and the bias. As a parallel region of its own after the product, a rank-8 adapter
    on all seven projections added 0.59-1.03 ms to a drafter's one-row forward, and
-   0.43-0.74 ms this way (scripts/kernel_ab.py --against 2f25811, AVX2). */
+   0.43-0.74 ms this way (tools/kernel_ab.py --against 2f25811, AVX2). */
 typedef struct {
     const Projection *p;
     const float *x;
@@ -176,7 +176,8 @@ typedef struct {
 /* A prompt or a re-sync (n >= 8): item = a block of 4 rows (in L1) run over every
    factor row, each fp16 factor vector widened once for four rows (row by row, factor
    rows outer, the drafter's 160-token prompt read took 1.55x as long with a rank-32
-   adapter as without; scripts/adapter_cost.py). A few rows: item = a factor row. */
+   adapter as without; git show 524cea4:scripts/adapter_cost.py). A few rows: item =
+   a factor row. */
 static void extra_prepare(void *ctx, int64_t item) {
     const Extra *e = ctx;
     const Projection *p = e->p;
@@ -359,7 +360,7 @@ static inline vec lane_sums(const vec v[VW]) {
 #endif
 }
 
-#define MAX_HEAD_DIM 256 /* decoder_stack refuses more (int4.py checks first) */
+#define MAX_HEAD_DIM 256 /* decoder_stack refuses more (lean_llama.py checks first) */
 
 /* A query's scores sc[0..seen) (already scaled) to softmax numerators in place,
    against their largest, *top; returns their sum. */
@@ -484,7 +485,7 @@ static void widen_block(const uint16_t *cache, int64_t b, int64_t count, int64_t
    scores and sums in float32, as the bf16 models these targets are run in bf16
    (Qwen2.5, Gemma 3 and Llama are trained so). After 3,000 positions attention was
    ~45% of a 4-row verification of Qwen2.5-Coder-1.5B, its fp32 multiply-adds most of
-   it (docs/speed.md, "Attention in bf16"). Every query's steps are still fixed by its
+   it (docs/performance.md). Every query's steps are still fixed by its
    position alone: a verified row's bits are its one-token step's. */
 #define ATT_BF16 1
 
@@ -589,7 +590,7 @@ static inline __attribute__((always_inline)) void weigh_values_bf16(const float 
    forward's weights have flushed it, and a step's few queries compute too little per
    block to hide a load's latency, so widening the blocks as they came took over half
    of attend_group's samples (perf annotate; a drafted token 6.3 -> 5.6 ms after 2,000
-   positions, docs/speed.md). The task's parts: g0, then those from lo on (a window
+   positions, docs/performance.md). The task's parts: g0, then those from lo on (a window
    skips 1..lo-1); the k-th one's stream starts at k * PART_STREAM, a short last
    part's is shorter. */
 static inline void ask_block(const uint16_t *keys, const uint16_t *values, int64_t s, int64_t g0, int64_t lo,
@@ -680,7 +681,7 @@ static float *part_sum(const Attention *A, const AttRoom *R, int64_t i, int64_t 
    sees positions 0..start+r), over parts g0..g1-1. Each block of keys and of values
    is read once for all these queries, not once per head and row: a 5-row
    verification of Qwen2.5-Coder-1.5B after 2,000 positions re-read each layer's 4 MB
-   of keys and values 30 times that way (docs/speed.md). Each query sums a part's
+   of keys and values 30 times that way (docs/performance.md). Each query sums a part's
    positions in order and folds its parts in order, by the same steps whatever
    queries and parts share its task, so a row's bits are those of its one-token step
    (a verification stays lossless) on any number of threads. Without A->parts the
@@ -807,8 +808,9 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
 
 #ifdef STACK_PHASES
 /* Seconds each phase of the layers' loop took, summed over calls: what
-   scripts/stack_phases.py builds with -DSTACK_PHASES to show where a forward's time
-   goes. The shipped build compiles none of it. */
+   the script at git show 524cea4:scripts/stack_phases.py builds with
+   -DSTACK_PHASES to show where a forward's time goes. The shipped build compiles
+   none of it. */
 static double phase_seconds[STACK_PHASES];
 void stack_phases(double *out, int reset) {
     for (int i = 0; i < STACK_PHASES; i++) {
@@ -839,11 +841,11 @@ void stack_phases(double *out, int reset) {
    before, cost each forward's hundreds of products a fork, a join and libgomp
    barriers, which make a futex syscall each: a 30-layer forward made 724, now 4, and
    its cost beside the weights fell from 12 to 5.5 us a layer
-   (scripts/forward_overhead.py; docs/speed.md). */
-int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
-                  uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden, int64_t n_heads,
-                  int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm, int threads,
-                  int64_t window) {
+   (git show 524cea4:scripts/forward_overhead.py; docs/performance.md). */
+static int run_stack(float *x, int64_t n, int64_t needed, int64_t start, const Layer *layers, int64_t n_layers,
+                     uint16_t *kv, int64_t capacity, const float *cos, const float *sin, int64_t hidden,
+                     int64_t n_heads, int64_t n_kv, int64_t d, int64_t inter, float eps, const float *final_norm,
+                     int threads, int64_t window) {
     int64_t qkv_width = (n_heads + 2 * n_kv) * d, end = start + n, group = n_heads / n_kv;
     float *h = lines(sizeof(float) * (size_t)(n * hidden));
     float *qkv = lines(sizeof(float) * (size_t)(n * qkv_width));
@@ -948,7 +950,8 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
                 PHASE(6);
                 /* By pieces of each row, so a step's rows split between the threads too: on one
                    thread the target's SiLU took 0.13 ms of a one-token step and 0.97 of a 4-row
-                   verification (scripts/stack_phases.py). Each value's math is the same. */
+                   verification (git show 524cea4:scripts/stack_phases.py). Each value's math
+                   is the same. */
                 int64_t piece = (inter / VW + threads - 1) / threads * VW;
 #pragma omp for schedule(static) nowait
                 for (int64_t t = 0; t < m * threads; t++) {
@@ -975,4 +978,34 @@ int decoder_stack(float *x, int64_t n, int64_t needed, int64_t start, const Laye
         free(wide_room), free(qb_room), free(split_room);
     gemm_room_free(&room);
     return failed ? -1 : 0;
+}
+
+/* The stack's arguments in one struct, which core/kernels/stack.py mirrors
+   (StackParams): abi first, KERNEL_ABI where the caller's struct, Layer and
+   Projection are laid out as here. */
+typedef struct {
+    int64_t abi;
+    float *x;                 /* [n, hidden]: the new rows' embeddings in, their residual stream out */
+    int64_t n, needed, start; /* rows, the last `needed` of them read, the first one's position */
+    const Layer *layers;
+    int64_t n_layers;
+    uint16_t *kv; /* fp16 [layers, 2, n_kv, capacity, head_dim] */
+    int64_t capacity;
+    const float *cos, *sin; /* [capacity, head_dim] */
+    int64_t hidden, n_heads, n_kv, head_dim, inter;
+    float eps;
+    const float *final_norm; /* NULL: none */
+    int threads;
+    int64_t window; /* 0: every position; else first_recent's */
+} StackParams;
+
+int kernel_abi(void) { return KERNEL_ABI; }
+
+/* run_stack on p's arguments: 0, -1 as there, or STACK_WRONG_ABI where p comes from
+   code built for another version of the struct (its fields would be read askew). */
+int decoder_stack(const StackParams *p) {
+    if (p == NULL || p->abi != KERNEL_ABI) return STACK_WRONG_ABI;
+    return run_stack(p->x, p->n, p->needed, p->start, p->layers, p->n_layers, p->kv, p->capacity, p->cos, p->sin,
+                     p->hidden, p->n_heads, p->n_kv, p->head_dim, p->inter, p->eps, p->final_norm, p->threads,
+                     p->window);
 }

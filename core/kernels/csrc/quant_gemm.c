@@ -1,5 +1,5 @@
 /* y = x W^T for 4-bit, 6-bit and 8-bit weights: the target's verification kernels
-(core/models/int4.py), in four layouts (int4_gemm.h). Each stores 16 output
+(core/kernels/linear.py), in four layouts (quant_gemm.h). Each stores 16 output
 channels' weights as one column, front to back along the inputs, so a thread
 streams its channels' weights in order; each group of 32 inputs holds 256 bytes
 of nibbles laid out for VPDPBUSD (byte t*64 + j*4 + b holds channel j's inputs
@@ -11,7 +11,7 @@ superblock of 8 groups (256 inputs; a row's last superblock may hold fewer).
 Per superblock 64 bytes of the 16 channels' d, then dmin; then per group 288
 bytes: nibbles, 16 sc, 16 m. 296 bytes per 16 x 32 weights (the file's: 288).
 
-Q4_1's form (int4.fit's, the drafter's: SmolLM2's file is Q4_1): per channel and
+Q4_1's form (layouts.fit's, the drafter's: SmolLM2's file is Q4_1): per channel and
 group w = s * q + z, s and z fp16. Per group 320 bytes: nibbles, 16 s, 16 z.
 
 Q6_K (exactly): w = s * (q - 32), q in 0..63, one fp16 scale per channel and 16
@@ -37,9 +37,9 @@ integers and the same float steps, so the same bits.
 The weights are unpacked once per group and used by up to 8 rows, so up to 8
 rows cost about what one does while the weights stream from memory (a
 speculative verification of k+1 tokens), which is what no library kernel on
-this CPU gives (docs/speed.md). Q4_K's one float step per superblock instead of
+this CPU gives (docs/performance.md). Q4_K's one float step per superblock instead of
 one per group matters on AVX2, where the rows' products, not the stream, set
-the cost of several rows (docs/speed.md).
+the cost of several rows (docs/performance.md).
 */
 #include <immintrin.h>
 #include <linux/futex.h>
@@ -53,7 +53,7 @@ the cost of several rows (docs/speed.md).
 #include <unistd.h>
 #include <x86intrin.h>
 
-#include "int4_gemm.h"
+#include "quant_gemm.h"
 
 #define GROUP 32
 #define CHANNELS 16
@@ -130,8 +130,8 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
 /* Ask for the weights PREFETCH bytes ahead in this thread's stream while the
    current block computes. Left to the hardware prefetcher, the stream stalled
    whenever the rows' products took a while: the products of 28 Qwen2.5-1.5B-shaped
-   layers (819 MB, scripts/kernel_rows.py --layers 28) took 42-43 / 57 / 68-79 ms
-   for 1 / 4 / 8 rows, and 34-35 / 38-39 / 45-47 ms with this (2-16 KB ahead all
+   layers (819 MB, git show 524cea4:scripts/kernel_rows.py, --layers 28) took
+   42-43 / 57 / 68-79 ms for 1 / 4 / 8 rows, and 34-35 / 38-39 / 45-47 ms with this (2-16 KB ahead all
    alike). A prefetch past the end of the weights is harmless: it never faults.
    From 3 rows the multiply-adds take long enough that this no longer keeps enough
    lines in flight (L1 holds few misses at a time), so those also ask L2 for the
@@ -143,12 +143,12 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
    short, the far prefetch runs mostly past their end (Gemma's layers' products of
    3-5 rows were 1-2% slower with it). AVX2's products are bound by
    their multiplies from 3 rows, and gained nothing either (4-5 rows 1-2% slower)
-   (scripts/attention_ab.py --rows, scripts/kernel_ab.py --gemm; docs/speed.md).
+   (tools/attention_ab.py --rows, tools/kernel_ab.py --gemm; docs/performance.md).
    The near prefetch is non-temporal: weights read once a forward need not displace
    what is read again (the KV caches, the activations, the other model's last
    layers); on the Zen 4 EPYC a drafter forward right after a target step 2-5%
-   cheaper, the target's step within the noise (scripts/attention_ab.py --step;
-   docs/speed.md). */
+   cheaper, the target's step within the noise (tools/attention_ab.py --step;
+   docs/performance.md). */
 #define PREFETCH 4096
 #define FAR 16384
 #define FAR_MIN_BYTES (4 << 20) /* smaller products: the far prefetch runs mostly past their end */
@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void nibbles(const uint8_t *b, __m5
    next row's `step` further on), a row at a time: consecutive VPDPBUSDs feed
    different rows' sums and never wait on each other. With each row's eight in a
    chain, as before, the multipliers waited on them: 10% of a prompt's products
-   on a Zen 4 (docs/speed.md, "Rows in turn"). */
+   on a Zen 4 (docs/performance.md). */
 static inline __attribute__((always_inline)) void dots_rows(__m512i *d, int rows, __m512i w, const int32_t *x,
                                                             int64_t step, int t) {
     for (int r = 0; r < rows; r++) d[r] = _mm512_dpbusd_epi32(d[r], w, _mm512_set1_epi32(x[r * step + t]));
@@ -468,7 +468,7 @@ static inline __attribute__((always_inline)) void q4k_column(
 }
 /* Q4_1's form with AVX2: q4k_column's loop with a float step per group. (Split into
    halves as there: 28 Qwen2.5-1.5B-shaped layers' products on an AVX2 Zen 4, two
-   runs of scripts/kernel_ab.py --gemm --against 2d11600, 3 / 4 / 8 rows took
+   runs of tools/kernel_ab.py --gemm --against 2d11600, 3 / 4 / 8 rows took
    0.87-0.92 / 0.83-0.91 / 0.78-0.92 of the unsplit loop's time, 1 row the same.
    The 6-bit path below shares its inputs' broadcasts between the halves instead:
    split the same way it gained nothing.) */
@@ -621,7 +621,7 @@ static inline __attribute__((always_inline)) void q8_column(
    per call, then runs every row block over them. The rows go in as bf16: a row's
    result still depends on that row alone, but not on the same bits as the
    few-row path, so a speculative verification (k + 1 <= 9 rows) and a one-token
-   step keep the integer kernel above and stay bit-identical (docs/speed.md). */
+   step keep the integer kernel above and stay bit-identical (docs/performance.md). */
 
 #define AMX_ROWS 32          /* rows from which a product runs on tiles */
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -826,8 +826,8 @@ int amx_rows(void) { return 0; }
    GHz): the threads' shares of a target's product can finish tens of us apart, and
    a sleeper wakes late enough to show (with ~20 us, the residual add after a
    target's down product read 0.10 ms a forward, 0.02 with this:
-   scripts/stack_phases.py). With more threads than CPUs a waiter holds the CPU of
-   the thread it waits for, so it soon sleeps: pure spinning stalled such a forward
+   git show 524cea4:scripts/stack_phases.py). With more threads than CPUs a waiter
+   holds the CPU of the thread it waits for, so it soon sleeps: pure spinning stalled such a forward
    for whole scheduler slices. */
 #define SPIN_TICKS 3000000
 #define CROWDED_SPIN_TICKS 2000
@@ -889,7 +889,7 @@ void gemm_room_free(GemmRoom *room) {
     *room = (GemmRoom){0};
 }
 
-/* x [m, k] float32 times weights [n, k] in layout `kind` (int4_gemm.h) into y [m, ldy]
+/* x [m, k] float32 times weights [n, k] in layout `kind` (quant_gemm.h) into y [m, ldy]
    columns 0..n-1; k a multiple of 32, n of 16; m and k within the room's. */
 int gemm_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
               int64_t ldy, const Beside *beside, const GemmRoom *room, TeamBarrier *bar) {
@@ -914,7 +914,7 @@ int gemm_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *wei
     /* What the other layouts' kernels take per row and group from the sums, ready to
        broadcast from memory: Q6_K's -32 sum and Q8_0's -128 sum (int32), Q4_1's sum
        as a float. Each formed in the loop as a broadcast from a general register cost
-       its 6-bit kernel 11-13% at 8-64 rows (docs/speed.md). */
+       its 6-bit kernel 11-13% at 8-64 rows (docs/performance.md). */
     Term *terms = kind == LAYOUT_Q4_K ? NULL : (Term *)room->terms;
     int64_t columns = n / CHANNELS;
     /* The far prefetch (ahead): for long streams only, and not for Q4_1's products
@@ -972,7 +972,7 @@ int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *w
     return failed ? -1 : 0;
 }
 
-int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y, int64_t ldy,
-            int threads) {
+int quant_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+               int64_t ldy, int threads) {
     return gemm_beside(kind, x, m, k, weights, n, y, ldy, threads, NULL);
 }

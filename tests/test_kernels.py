@@ -1,5 +1,5 @@
-"""4-bit and 6-bit target weights (core/models/int4.py): the kernels compute the
-products, a row's result never depends on the rows beside it, Q4_K and Q6_K
+"""Quantized target weights (core/kernels/: 4-, 6- and 8-bit layouts): the kernels
+compute the products, a row's result never depends on the rows beside it, Q4_K and Q6_K
 tensors read from a GGUF file are the weights the file holds, a target's layers
 run as one kernel call compute what its torch layers compute, and speculative
 decoding of such a target gives the tokens of its plain decoding."""
@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,51 +19,55 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished
-from omnidraft.core.models import int4, loader, quantize
+from omnidraft.core.kernels import build as kernel_build
+from omnidraft.core.kernels import layouts
+from omnidraft.core.kernels.linear import Q4_1Linear, QuantLinear, join, quant_linear, quant_mm
+from omnidraft.core.models import loader, quantize
 from omnidraft.core.models.catalog import ModelCatalog
-from omnidraft.core.models.int4 import Int4Linear
-from omnidraft.core.models.quantize import Int8Linear, int4_count, k_quant_reader, quantize_int8
+from omnidraft.core.models.quantize import (
+    Int8Linear,
+    k_quant_reader,
+    quant_layer_count,
+    quantize_int8,
+)
 
 from tests.tiny import tiny_qwen2
 
-pytestmark = pytest.mark.skipif(int4.unavailable() is not None, reason=f"{int4.unavailable()}")
-
-
-# The builds whose attention multiplies in bf16 (decoder_stack.c's ATT_BF16).
-BF16_ATTENTION = ("amx", "avx512bf16")
+pytestmark = pytest.mark.skipif(kernel_build.unavailable() is not None, reason=f"{kernel_build.unavailable()}")
 
 
 def _integer_isa() -> str:
     """The best build this CPU runs without AMX's bf16 tiles (integer products at every row count)."""
-    return next(isa for isa in int4.runnable_isas() if isa != "amx")
+    return next(isa for isa in kernel_build.runnable_isas() if isa != "amx")
 
 
-def _default_build(monkeypatch, isa: str) -> None:
-    """Products that name no build run on `isa`'s."""
-    real = int4._library
-    monkeypatch.setattr(int4, "_library", lambda name=None: real(name or isa))
+@pytest.fixture
+def integer_build():
+    """Products that name no build run on _integer_isa()'s."""
+    with kernel_build.use_build(_integer_isa()):
+        yield
 
 
-def _layer(n=256, k=512, seed=0) -> int4.Q4:
+def _layer(n=256, k=512, seed=0) -> layouts.Q4:
     """Random 4-bit weights in groups (fit's form, the drafter's)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
     scale = (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-3).half()
     offset = (-torch.rand(n, k // 32, generator=g) * 0.05).half()
-    return int4.Q4(q, scale, offset)
+    return layouts.Q4(q, scale, offset)
 
 
-def _layer_k(n=256, k=512, seed=0) -> int4.Q4K:
+def _layer_k(n=256, k=512, seed=0) -> layouts.Q4K:
     """Random weights as a Q4_K tensor holds them (a GGUF target's)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g)
     supers = -(-k // 256)
     d, dmin = ((torch.rand(n, supers, generator=g) + 0.1) * 1e-3).half(), (torch.rand(n, supers, generator=g) * 1e-3).half()
     sc, m = (torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g) for _ in range(2))
-    return int4.Q4K(q, d, dmin, sc, m)
+    return layouts.Q4K(q, d, dmin, sc, m)
 
 
-@pytest.mark.parametrize("isa", int4.runnable_isas())
+@pytest.mark.parametrize("isa", kernel_build.runnable_isas())
 def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
     # groups (Q4_1's form); Q4_K's superblocks of 256 inputs, whole and with a row
     # ending in a short one (352 inputs: 3 groups)
@@ -70,7 +75,7 @@ def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
         k = q4.q.shape[1]
         x = torch.randn(11, k, generator=torch.Generator().manual_seed(k))  # the same rows for every build
         x[4] *= 300  # an outlier row
-        got = int4.q4_mm(x, q4.packed(), 256, q4.kind, isa)
+        got = quant_mm(x, q4.packed(), 256, q4.kind, isa)
         # The kernel's arithmetic: each row on its own int8 scale, exact integer products.
         row_scale = x.abs().amax(1, keepdim=True) / 127
         xq = (x / row_scale).round()
@@ -79,43 +84,43 @@ def test_the_kernel_computes_the_4_bit_product_of_int8_rows(isa):
         assert float((got - x @ q4.weight().T).norm() / got.norm()) < 0.02
 
 
-def _layer6(n=256, k=512, seed=0) -> int4.Q6:
+def _layer6(n=256, k=512, seed=0) -> layouts.Q6:
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=g)
     scale = ((torch.rand(n, k // 16, generator=g) - 0.2) * 0.01).half()  # some negative, as Q6_K's can be
-    return int4.Q6(q, scale)
+    return layouts.Q6(q, scale)
 
 
-def _layer8(n=256, k=512, seed=0) -> int4.Q8:
+def _layer8(n=256, k=512, seed=0) -> layouts.Q8:
     """Random weights as a Q8_0 tensor holds them, -128 and 127 included."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(-128, 128, (n, k), dtype=torch.int16, generator=g).to(torch.int8)
     q[0, :64] = -128
     q[1, :64] = 127
     scale = ((torch.rand(n, k // 32, generator=g) - 0.2) * 0.01).half()
-    return int4.Q8(q, scale)
+    return layouts.Q8(q, scale)
 
 
-@pytest.mark.parametrize("isa", int4.runnable_isas())
+@pytest.mark.parametrize("isa", kernel_build.runnable_isas())
 @pytest.mark.parametrize("bits", [6, 8])
 def test_the_kernel_computes_the_6_and_8_bit_products_of_int8_rows(isa, bits):
     form = _layer6() if bits == 6 else _layer8()
     x = torch.randn(11, 512)
     x[4] *= 300
-    got = int4.q4_mm(x, form.packed(), 256, form.kind, isa)
+    got = quant_mm(x, form.packed(), 256, form.kind, isa)
     row_scale = x.abs().amax(1, keepdim=True) / 127
     want = ((x / row_scale).round().double() @ form.weight().double().T) * row_scale.double()
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-    layer = int4.low_bit(torch.nn.Linear(512, 256), form)
+    layer = quant_linear(torch.nn.Linear(512, 256), form)
     assert layer.bits == bits and torch.equal(layer(x), got + layer.bias)
     assert torch.equal(torch.cat([layer(x[i : i + 1]) for i in range(11)]), layer(x))
 
 
-@pytest.mark.skipif(len(int4.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
+@pytest.mark.skipif(len(kernel_build.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
 def test_every_instruction_set_gives_the_same_bits():
     x = torch.randn(13, 512)
     for form in (_layer(), _layer_k(), _layer6(), _layer8()):
-        results = [int4.q4_mm(x, form.packed(), 256, form.kind, isa) for isa in int4.runnable_isas()]
+        results = [quant_mm(x, form.packed(), 256, form.kind, isa) for isa in kernel_build.runnable_isas()]
         assert all(torch.equal(results[0], other) for other in results[1:])
 
 
@@ -125,13 +130,42 @@ def test_avx_vnni_cpus_get_the_vnni_build_and_it_compiles(monkeypatch):
     CPU may not run it, but it builds here; its products' bits are checked through
     its twin in AVX-512 VL's encodings (avxvnni-evex) where AVX-512 VNNI runs, by
     the tests parametrized over runnable_isas() and the one above."""
-    monkeypatch.setattr(int4, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx_vnni"}))
-    assert int4.runnable_isas() == ["avxvnni", "avx2"]
+    monkeypatch.setattr(kernel_build, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx_vnni"}))
+    assert kernel_build.runnable_isas() == ["avxvnni", "avx2"]
     if shutil.which("cc") is None:
         pytest.skip("needs cc")
-    lib = int4._library("avxvnni")
-    assert not isinstance(lib, int4.KernelUnavailable), lib
+    lib = kernel_build.library("avxvnni")
+    assert not isinstance(lib, kernel_build.KernelUnavailable), lib
     assert lib.isa == "avxvnni"
+
+
+def test_a_library_of_another_interface_version_is_refused_at_load_and_at_the_call():
+    """The library reports its interface's version (kernel_abi): bind refuses one
+    that reports another, or none (a build from before versions); the decoder stack
+    refuses a parameters struct whose version is not its own."""
+    from omnidraft.core.kernels.stack import _StackParams
+
+    for old in (SimpleNamespace(_name="newer.so", kernel_abi=lambda: kernel_build.KERNEL_ABI + 1),
+                SimpleNamespace(_name="older.so")):
+        with pytest.raises(kernel_build.KernelABIMismatch, match=old._name):
+            kernel_build.bind(old)
+    lib = kernel_build.library()
+    assert lib.kernel_abi() == kernel_build.KERNEL_ABI
+    assert lib.decoder_stack(ctypes.byref(_StackParams(kernel_build.KERNEL_ABI + 1))) == -2
+
+
+def test_use_build_chooses_the_default_build_within_its_block_and_nests():
+    default = kernel_build.library()
+    isa = kernel_build.runnable_isas()[-1]
+    with kernel_build.use_build(isa) as chosen:
+        assert kernel_build.library() is chosen is kernel_build.library(isa)
+        assert kernel_build.kernel_isa() == isa
+        with kernel_build.use_build(default):
+            assert kernel_build.library() is default
+        assert kernel_build.library() is chosen
+    assert kernel_build.library() is default
+    with pytest.raises(ValueError, match="avx1024"), kernel_build.use_build("avx1024"):
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -140,16 +174,16 @@ def emulated_avx512(tmp_path_factory):
     emulated lane by lane (tests/avx512_emulation.h): on a CPU without AVX-512 (most
     desktops, and the AVX2 machines that run these tests) those paths still get
     checked."""
-    if "avx2" not in int4.runnable_isas() or shutil.which("cc") is None:
+    if "avx2" not in kernel_build.runnable_isas() or shutil.which("cc") is None:
         pytest.skip("needs AVX2 and cc")
     built = tmp_path_factory.mktemp("emulated") / "kernels.so"
-    subprocess.run(["cc", "-O1", "-fopenmp", "-shared", "-fPIC", *int4.ISAS["avx2"][1], "-include",
-                    str(Path(__file__).with_name("avx512_emulation.h")), *map(str, int4._SOURCES),
+    subprocess.run(["cc", "-O1", "-fopenmp", "-shared", "-fPIC", *kernel_build.ISAS["avx2"][1], "-include",
+                    str(Path(__file__).with_name("avx512_emulation.h")), *map(str, kernel_build.SOURCES),
                     "-o", str(built), "-lm"], check=True, capture_output=True)
-    return int4.bind(ctypes.CDLL(str(built)))
+    return kernel_build.bind(ctypes.CDLL(str(built)))
 
 
-def test_the_avx512_products_give_the_avx2_products_bits_under_emulation(emulated_avx512, monkeypatch):
+def test_the_avx512_products_give_the_avx2_products_bits_under_emulation(emulated_avx512):
     """Both builds compute the same integers and float steps: the same bits, for
     each layout, row counts around the 8-row blocks, a row ending in a short
     superblock."""
@@ -157,10 +191,10 @@ def test_the_avx512_products_give_the_avx2_products_bits_under_emulation(emulate
     for form in (_layer(), _layer_k(), _layer_k(k=352), _layer6(), _layer8()):
         for m in (1, 3, 8, 13):
             x = torch.randn(m, form.q.shape[1])
-            cases.append((x, form, int4.q4_mm(x, form.packed(), 256, form.kind, "avx2")))
-    monkeypatch.setattr(int4, "_library", lambda isa=None: emulated_avx512)
-    for x, form, want in cases:
-        assert torch.equal(int4.q4_mm(x, form.packed(), 256, form.kind), want), (form.kind, x.shape)
+            cases.append((x, form, quant_mm(x, form.packed(), 256, form.kind, "avx2")))
+    with kernel_build.use_build(emulated_avx512):
+        for x, form, want in cases:
+            assert torch.equal(quant_mm(x, form.packed(), 256, form.kind), want), (form.kind, x.shape)
 
 
 def test_the_avx512_decoder_stack_computes_what_the_avx2_one_does_under_emulation(
@@ -185,15 +219,16 @@ def test_the_avx512_decoder_stack_computes_what_the_avx2_one_does_under_emulatio
             out += [net.forward(list(range(100, 137)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11, 12])[0]]
         return out
 
-    _default_build(monkeypatch, "avx2")
-    want = run()
-    monkeypatch.setattr(int4, "_library", lambda isa=None: emulated_avx512)
-    for got, expected in zip(run(), want):
+    with kernel_build.use_build("avx2"):
+        want = run()
+    with kernel_build.use_build(emulated_avx512):
+        emulated = run()
+    for got, expected in zip(emulated, want):
         torch.testing.assert_close(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=1e-4)
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
-    layer = Int4Linear(torch.nn.Linear(512, 256), _layer())
+    layer = Q4_1Linear(torch.nn.Linear(512, 256), _layer())
     x = torch.randn(20, 512)
     x[3] *= 1000
     batched = layer(x)
@@ -202,27 +237,27 @@ def test_a_rows_result_does_not_depend_on_the_rows_computed_beside_it():
     assert torch.equal(layer(x[:5]), batched[:5])
 
 
-@pytest.mark.skipif(not int4.amx_rows(), reason="no AMX tiles here (CPU or OS)")
+@pytest.mark.skipif(not kernel_build.amx_rows(), reason="no AMX tiles here (CPU or OS)")
 def test_long_blocks_of_rows_run_on_amx_tiles_in_bf16_and_short_ones_keep_the_integer_bits():
     """A prompt-sized block runs on AMX (the weights dequantized to bf16 tiles):
     close to the exact product, each row independent of the rows beside it; a
     block shorter than amx_rows (a verification, a step) keeps the integer
     kernel's bits. Each layout, an odd count of 16-channel columns, a row ending
     in a short Q4_K superblock, a partial block of 16 rows."""
-    rows = int4.amx_rows()
+    rows = kernel_build.amx_rows()
     integer = _integer_isa()
     for form in (_layer(), _layer_k(n=272, k=352), _layer6(), _layer8(n=272)):
         n, k = form.q.shape
         x = torch.randn(rows + 21, k)
         x[5] *= 300
-        got = int4.q4_mm(x, form.packed(), n, form.kind, "amx")
+        got = quant_mm(x, form.packed(), n, form.kind, "amx")
         exact = x.double() @ form.weight().double().T
         assert float((got.double() - exact).norm() / exact.norm()) < 4e-3  # bf16's 8 bits (int8 rows: ~8e-3)
-        again = int4.q4_mm(torch.cat([x[rows:], torch.randn(rows, k), x[:rows]]), form.packed(), n, form.kind, "amx")
+        again = quant_mm(torch.cat([x[rows:], torch.randn(rows, k), x[:rows]]), form.packed(), n, form.kind, "amx")
         assert torch.equal(again[-rows:], got[:rows]) and torch.equal(again[: x.shape[0] - rows], got[rows:])
         short = x[: rows - 1]
-        assert torch.equal(int4.q4_mm(short, form.packed(), n, form.kind, "amx"),
-                           int4.q4_mm(short, form.packed(), n, form.kind, integer))
+        assert torch.equal(quant_mm(short, form.packed(), n, form.kind, "amx"),
+                           quant_mm(short, form.packed(), n, form.kind, integer))
 
 
 def _gguf_of(path, kind: GGMLQuantizationType, block_bytes: int, names: list[str], n=32, k=512, seed=0):
@@ -255,7 +290,7 @@ def test_q4_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     quantized = read("model.layers.0.mlp.up_proj", want.bfloat16())
     assert quantized is not None
     # Exactly the file's weights: its d, dmin, sub-scales and mins are kept as they are.
-    assert isinstance(quantized, int4.Q4K)
+    assert isinstance(quantized, layouts.Q4K)
     torch.testing.assert_close(quantized.weight(), want, rtol=0, atol=float(want.abs().max()) * 2**-20)
     # Not the loaded weight (a tensor stored in another order), or not a Q4_K layer: int8.
     assert read("model.layers.0.mlp.up_proj", want.flip(0)) is None
@@ -272,7 +307,7 @@ def test_q6_k_blocks_read_as_gguf_dequantizes_them(tmp_path):
     read = k_quant_reader(path)
     for name in ("model.layers.0.mlp.down_proj", "lm_head"):
         quantized = read(name, want.bfloat16())
-        assert isinstance(quantized, int4.Q6)
+        assert isinstance(quantized, layouts.Q6)
         torch.testing.assert_close(quantized.weight(), want, rtol=0, atol=float(want.abs().max()) * 2**-10)
     assert read("model.layers.0.mlp.down_proj", want.flip(0)) is None
     assert read("model.layers.0.mlp.up_proj", want) is None
@@ -286,11 +321,11 @@ def test_q5_0_blocks_read_exactly_onto_the_6_bit_grid(tmp_path):
     want = _gguf_of(path, GGMLQuantizationType.Q5_0, 22, ["blk.0.attn_q.weight"], k=96, seed=2)
 
     quantized = k_quant_reader(path, stack=True)("model.layers.0.self_attn.q_proj", want.bfloat16())
-    assert isinstance(quantized, int4.Q6)
+    assert isinstance(quantized, layouts.Q6)
     assert torch.equal(quantized.weight(), want)  # d * (q - 16) for every weight, to the bit
     x = torch.randn(3, 96)
-    torch.testing.assert_close(int4.q4_mm(x, quantized.packed(), 32, int4.Q6_K), x @ want.T, rtol=0.05, atol=0.02)
-    # On transformers' forward (Gemma 3) such layers keep int8 (docs/speed.md).
+    torch.testing.assert_close(quant_mm(x, quantized.packed(), 32, layouts.Q6_K), x @ want.T, rtol=0.05, atol=0.02)
+    # On transformers' forward (Gemma 3) such layers keep int8 (git show 524cea4:docs/speed.md).
     assert k_quant_reader(path)("model.layers.0.self_attn.q_proj", want.bfloat16()) is None
 
 
@@ -303,7 +338,7 @@ def test_q8_0_blocks_take_their_own_8_bit_form_where_the_layers_run_as_one_call(
     read = k_quant_reader(path, stack=True)
     for name in ("model.layers.0.self_attn.v_proj", "lm_head"):
         quantized = read(name, want.bfloat16())
-        assert isinstance(quantized, int4.Q8)
+        assert isinstance(quantized, layouts.Q8)
         assert torch.equal(quantized.weight(), want)
     assert read("model.layers.0.self_attn.v_proj", want.flip(0)) is None
     assert k_quant_reader(path)("model.layers.0.self_attn.v_proj", want.bfloat16()) is None
@@ -314,7 +349,7 @@ def test_any_weight_fits_q4_k_s_grid_within_half_a_step_of_its_value():
     w = torch.randn(64, 576, generator=g) * torch.rand(64, 1, generator=g)  # 576: a short last superblock
     w[:, 40:72] = w[:, 40:72].abs() + 0.5  # a group with no negative weight: its range still starts at 0
     w[3, :] = 0  # an all-zero row
-    fitted = int4.fit_q4_k(w)
+    fitted = layouts.fit_q4_k(w)
     assert bool(((fitted.weight() - w).abs() <= fitted.steps() * 0.5 + 1e-6).all())
     assert fitted.q.max() <= 15 and fitted.sc.max() <= 63 and fitted.m.max() <= 63
     assert not fitted.weight()[3].any()
@@ -323,12 +358,12 @@ def test_any_weight_fits_q4_k_s_grid_within_half_a_step_of_its_value():
 def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypatch):
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
     model = tiny_qwen2(len(qwen_tok))
-    quantize_int8(model, lambda name, w: int4.fit(w) if name.endswith("mlp.gate_proj") else None)
-    assert isinstance(model.model.layers[0].mlp.gate_proj, Int4Linear)
+    quantize_int8(model, lambda name, w: layouts.fit(w) if name.endswith("mlp.gate_proj") else None)
+    assert isinstance(model.model.layers[0].mlp.gate_proj, Q4_1Linear)
     assert isinstance(model.model.layers[0].mlp.up_proj, Int8Linear)
-    assert int4_count(model) == len(model.model.layers)
+    assert quant_layer_count(model) == len(model.model.layers)
     assert quantize.streamed_bytes(model) < sum(
-        m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
+        m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, QuantLinear)))
 
 
 @pytest.mark.parametrize("formats", ["4-bit", "Q4_K_M-like", "Q5_0-like"])
@@ -336,7 +371,7 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(forma
     from omnidraft.core.decoding.sampling import GenerationConfig
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
-    readers = {"4-bit": lambda name, w: int4.fit(w), "Q4_K_M-like": _file_like, "Q5_0-like": _q5_file_like}
+    readers = {"4-bit": lambda name, w: layouts.fit(w), "Q4_K_M-like": _file_like, "Q5_0-like": _q5_file_like}
     monkeypatch.setattr(loader, "_four_bit", lambda entry, model: readers[formats])
     model = tiny_qwen2(len(qwen_tok), seed=1)
     model.save_pretrained(tmp_path)
@@ -345,13 +380,13 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(forma
     engine.load_target(str(tmp_path), measure_baseline=False)
     layers = len(model.model.layers)
     if formats == "4-bit":
-        assert int4_count(engine.target.model) == 7 * layers + 1  # the LM head too
+        assert quant_layer_count(engine.target.model) == 7 * layers + 1  # the LM head too
     elif formats == "Q5_0-like":
-        assert int4_count(engine.target.model, bits=8) == layers + 1
-        assert int4_count(engine.target.model, bits=6) == 6 * layers
+        assert quant_layer_count(engine.target.model, bits=8) == layers + 1
+        assert quant_layer_count(engine.target.model, bits=6) == 6 * layers
         assert "int8" not in engine.describe_target().runs_as
     else:
-        assert int4_count(engine.target.model, bits=6) == 2 * layers + 1
+        assert quant_layer_count(engine.target.model, bits=6) == 2 * layers + 1
         runs_as = engine.describe_target().runs_as
         assert f"6-bit in {2 * layers + 1}" in runs_as and "int8" not in runs_as  # no layer left in int8
     assert engine.target.runner.kind == "lean" and engine.target.runner.net.stack is not None
@@ -365,10 +400,10 @@ def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(forma
 
 
 def test_joined_layers_compute_what_each_computes_alone_and_share_its_weights():
-    layers = [Int4Linear(torch.nn.Linear(512, n), _layer(n, 512, seed=n)) for n in (256, 64, 64)]
+    layers = [Q4_1Linear(torch.nn.Linear(512, n), _layer(n, 512, seed=n)) for n in (256, 64, 64)]
     x = torch.randn(5, 512)
     alone = torch.cat([layer(x) for layer in layers], dim=-1)
-    joined = int4.join(layers)
+    joined = join(layers)
     assert torch.equal(joined(x), alone)
     # The layers now hold views of the joined weights (no second copy) and still
     # compute what they did: transformers' own forward of the target uses them.
@@ -403,7 +438,7 @@ def test_keys_beyond_fp16s_range_leave_the_logits_finite(qwen_tok, monkeypatch):
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.bias[3] = 1e6  # RoPE spreads it over its pair
         model.model.layers[0].self_attn.v_proj.bias[5] = -1e6
-    quantize_int8(model, lambda name, w: int4.fit(w))
+    quantize_int8(model, lambda name, w: layouts.fit(w))
     net = TargetRunner(model).net
     assert net.stack is not None and net.kv.dtype == torch.float16
     stack = net.stack
@@ -421,7 +456,7 @@ def test_a_4_bit_lean_target_computes_what_transformers_computes_on_the_same_wei
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
     model = tiny_qwen2(len(qwen_tok), seed=2)
-    quantize_int8(model, lambda name, w: int4.fit(w))
+    quantize_int8(model, lambda name, w: layouts.fit(w))
     ids = list(range(100, 130))
     with torch.inference_mode():
         before = model(torch.tensor([ids])).logits[0]
@@ -448,7 +483,7 @@ def _adapter(model, rank: int = 4, scale: float = 0.02, skip: str = "k_proj") ->
 def _file_like(name: str, w: torch.Tensor):
     """A Q4_K_M file's choice: v and down projections and the LM head in 6 bits
     (Q6_K), the other projections in 4 (Q4_K)."""
-    return int4.fit6(w) if name.endswith(("v_proj", "down_proj", "lm_head")) else int4.fit_q4_k(w)
+    return layouts.fit6(w) if name.endswith(("v_proj", "down_proj", "lm_head")) else layouts.fit_q4_k(w)
 
 
 def _q5_file_like(name: str, w: torch.Tensor):
@@ -458,8 +493,8 @@ def _q5_file_like(name: str, w: torch.Tensor):
         n, k = w.shape
         scale = (w.detach().float().view(n, k // 32, 32).abs().amax(-1) / 127).half()
         q = (w.detach().float().view(n, k // 32, 32) / scale.float().clamp(min=1e-8)[..., None]).round()
-        return int4.Q8(q.clamp(-127, 127).to(torch.int8).view(n, k), scale)
-    return int4.fit6(w)
+        return layouts.Q8(q.clamp(-127, 127).to(torch.int8).view(n, k), scale)
+    return layouts.fit6(w)
 
 
 def _storages(net) -> set[int]:
@@ -473,7 +508,7 @@ def _storages(net) -> set[int]:
 
 
 @pytest.mark.parametrize("who", ["target", "drafter"])
-def test_the_packed_weights_move_into_one_block_and_compute_the_same_bits(who, qwen_tok, monkeypatch):
+def test_the_packed_weights_move_into_one_block_and_compute_the_same_bits(who, qwen_tok, monkeypatch, integer_build):
     """A net gathers its products' packed weights into one block (huge_pages): a
     4-bit target's joined q/k/v and gate/up with their modules' views, its 6-bit
     head; the drafter's layers, its head, and its layers again when an adapter
@@ -484,7 +519,6 @@ def test_the_packed_weights_move_into_one_block_and_compute_the_same_bits(who, q
     from omnidraft.core.models.target_runtime import TargetRunner
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
-    _default_build(monkeypatch, _integer_isa())
 
     def build():
         model = tiny_qwen2(len(qwen_tok), seed=7)
@@ -537,7 +571,8 @@ def test_a_block_starts_on_a_2_mb_boundary_asked_for_on_huge_pages():
     assert flags is not None and "hg" in flags  # MADV_HUGEPAGE
 
 
-def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_layers_compute(qwen_tok, monkeypatch):
+def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_layers_compute(
+        qwen_tok, monkeypatch, integer_build):
     """A Q4_K_M target's projections, 4-bit and 6-bit, run as one decoder-stack
     call (v in 6 bits beside 4-bit q and k: a projection in parts); its torch
     layers over the same modules are the reference: a prompt longer than one
@@ -548,11 +583,10 @@ def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_laye
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
     monkeypatch.setattr(lean_llama, "_STACK_ROWS", 16)
     # The torch layers take the 50-row prompt in one product, the stack in 16-row
-    # calls: both on the integer kernel (AMX would take the long block in bf16).
-    _default_build(monkeypatch, _integer_isa())
+    # calls: both on the integer kernel (integer_build; AMX would take the long block in bf16).
     model = tiny_qwen2(len(qwen_tok), seed=6)
     quantize_int8(model, _file_like)
-    assert int4_count(model, bits=6) == 2 * len(model.model.layers) + 1
+    assert quant_layer_count(model, bits=6) == 2 * len(model.model.layers) + 1
     net = TargetRunner(model).net
     assert net.stack is not None
     stack = net.stack
@@ -578,7 +612,8 @@ def test_a_targets_layers_run_as_one_kernel_call_and_compute_what_its_torch_laye
 
 
 @pytest.mark.parametrize("who", ["target", "drafter"])
-def test_a_read_that_needs_its_last_rows_only_gives_them_and_the_cache_bit_for_bit(who, qwen_tok, monkeypatch):
+def test_a_read_that_needs_its_last_rows_only_gives_them_and_the_cache_bit_for_bit(
+        who, qwen_tok, monkeypatch, integer_build):
     """The stack's last layer stops at the keys and values for rows whose output
     no one reads (a prompt's but its last): the rows asked for, in 16-row calls
     with them spanning three, and the steps after, are those of reading every row."""
@@ -586,7 +621,6 @@ def test_a_read_that_needs_its_last_rows_only_gives_them_and_the_cache_bit_for_b
     from omnidraft.core.models.target_runtime import TargetRunner
 
     monkeypatch.setattr(lean_llama, "_STACK_ROWS", 16)
-    _default_build(monkeypatch, _integer_isa())
     if who == "target":
         monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
         model = tiny_qwen2(len(qwen_tok), seed=6)
@@ -608,7 +642,7 @@ def test_a_read_that_needs_its_last_rows_only_gives_them_and_the_cache_bit_for_b
         assert all(torch.equal(a, b) for a, b in zip(after_every, net.forward([7, 8]), strict=True))
 
 
-@pytest.mark.skipif(not int4.amx_rows(), reason="no AMX tiles here (CPU or OS)")
+@pytest.mark.skipif(not kernel_build.amx_rows(), reason="no AMX tiles here (CPU or OS)")
 def test_a_prompt_read_before_gives_a_4_bit_target_the_logits_a_fresh_read_gives(qwen_tok, monkeypatch):
     """On AMX a long prompt's rows run in bf16 and a short block's in integers, so
     a kept prefix leaves a long block to recompute: the benchmark's methods one
@@ -621,19 +655,19 @@ def test_a_prompt_read_before_gives_a_4_bit_target_the_logits_a_fresh_read_gives
     quantize_int8(model, _file_like)
     prompt = list(range(100, 150))
     runner = TargetRunner(model)
-    assert runner.net.fresh_rows == int4.amx_rows()
+    assert runner.net.fresh_rows == kernel_build.amx_rows()
     first = runner.session()
     first.forward(prompt, last=1)
     first.forward([7, 8, 9])  # the reply's steps
     again = runner.session()
     got = again.forward(prompt, last=1)
-    assert again.reused == len(prompt) - int4.amx_rows()
+    assert again.reused == len(prompt) - kernel_build.amx_rows()
     assert torch.equal(got, TargetRunner(model).session().forward(prompt, last=1))
 
 
 @pytest.mark.parametrize("build", ["llama", "qwen2", "llama+adapter", "llama+q4k"])
 def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_compute(build, qwen_tok):
-    """The drafter's 4-bit layers run as one kernel call (int4.DecoderStack); the
+    """The drafter's 4-bit layers run as one kernel call (kernels.stack.DecoderStack); the
     same layers as torch ops are the reference: a prompt, one-token steps, a
     several-token re-sync and a rollback, Qwen2's q/k/v biases included, and a
     learned adapter beside the weights (one projection left without one)."""
@@ -642,7 +676,7 @@ def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_comp
     from tests.tiny import tiny_llama
 
     model = tiny_llama(len(qwen_tok), seed=3) if build.startswith("llama") else tiny_qwen2(len(qwen_tok), seed=3)
-    layout = int4.Q4_K if "q4k" in build else int4.Q4_1  # the bench's omnidraft-q4k: the drafter on Q4_K's grid
+    layout = layouts.Q4_K if "q4k" in build else layouts.Q4_1  # the bench's --draft q4k=1: the drafter on Q4_K's grid
     net = LeanLlama(model, int8=True, int4=True, adapter=_adapter(model) if "adapter" in build else None, layout=layout)
     assert net.stack is not None and net.head.kernel_weights[1] == layout
     stack = net.stack
@@ -750,15 +784,16 @@ def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(w
     finally:
         torch.set_num_threads(before)
         net.stack = stack
-    # bf16 anywhere on the way (attention's multiply-adds for heads of 64, or AMX
-    # tiles for the prompt's blocks of amx_rows rows or more, whatever the head)
-    # rounds a last-bit difference between the two ways' activations to a bf16 step.
-    bf16 = (head_dim % 32 == 0 and int4.kernel_isa() in BF16_ATTENTION) or int4.amx_rows() > 0
-    close = 3e-2 if bf16 else 5e-3
+    # The two ways sum attention in another order, so a key or value can round
+    # to the neighbouring fp16 step in the shared cache, and the next product's
+    # int8 activations (or bf16 ones: attention for heads of 64 on AVX512-BF16,
+    # AMX tiles for a prompt's blocks) can then round a step apart: ~1-2% of a
+    # row, on any build. A wrong RoPE, bias or softmax part is off by tenths.
+    close = 3e-2
     torch.testing.assert_close(one, reference, atol=close, rtol=close)
 
 
-def test_attention_multiplies_in_bf16_where_the_cpu_has_it(qwen_tok, monkeypatch):
+def test_attention_multiplies_in_bf16_where_the_cpu_has_it(qwen_tok):
     """On a CPU with AVX512-BF16 the default build takes attention's multiply-adds in
     bf16 for heads of 64 and 128: the logits stay within bf16's rounding of the
     float32 multiply-adds' (the avx512vnni build's, same products), and move from
@@ -769,7 +804,7 @@ def test_attention_multiplies_in_bf16_where_the_cpu_has_it(qwen_tok, monkeypatch
 
     from tests.tiny import tiny_llama
 
-    if "avx512bf16" not in int4.runnable_isas():
+    if "avx512bf16" not in kernel_build.runnable_isas():
         pytest.skip("no AVX512-BF16 here")
     ids = torch.randint(100, 4000, (300,), generator=torch.Generator().manual_seed(6)).tolist()
     for head_dim in (64, 16):
@@ -777,10 +812,9 @@ def test_attention_multiplies_in_bf16_where_the_cpu_has_it(qwen_tok, monkeypatch
                         max_len=512)
         logits = {}
         for isa in ("avx512bf16", "avx512vnni"):
-            _default_build(monkeypatch, isa)
-            net.reset()
-            logits[isa] = torch.cat([net.forward(ids[:299])[0], net.forward(ids[299:])[0]])
-            monkeypatch.undo()
+            with kernel_build.use_build(isa):
+                net.reset()
+                logits[isa] = torch.cat([net.forward(ids[:299])[0], net.forward(ids[299:])[0]])
         bf16, float32 = logits.values()
         if head_dim == 16:
             assert torch.equal(bf16, float32)
@@ -792,7 +826,7 @@ def test_attention_multiplies_in_bf16_where_the_cpu_has_it(qwen_tok, monkeypatch
 
 def test_a_learned_adapter_runs_beside_the_4_bit_weights_and_keeps_its_effect(qwen_tok):
     """Rounded into 4 bits with the weights, a small learned change would mostly
-    vanish (scripts/adapter_rounding.py); beside them it moves the logits as it
+    vanish (git show 524cea4:scripts/adapter_rounding.py); beside them it moves the logits as it
     does in float. An int8 drafter takes it merged."""
     from omnidraft.core.models.lean_llama import LeanLlama
 

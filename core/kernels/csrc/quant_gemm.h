@@ -1,8 +1,17 @@
-/* The 4-bit, 6-bit and 8-bit products (int4_gemm.c), as decoder_stack.c calls them. */
+/* The 4-bit, 6-bit and 8-bit products (quant_gemm.c), as decoder_stack.c calls them. */
 #include <stdint.h>
 #include <stdlib.h>
 
-/* The builds' vector widths (int4.py's ISAS). OMNI_ZMM: 512-bit code, where AVX-512
+/* The version of the library's interface: quant_gemm's arguments, the layouts' numbers,
+   and decoder_stack's StackParams, Layer and Projection structs. kernel_abi() reports
+   it; core/kernels/build.py refuses a library that reports another, and decoder_stack
+   returns STACK_WRONG_ABI for a struct whose abi field differs. Raise it with any
+   change to those. */
+#define KERNEL_ABI 1
+#define STACK_WRONG_ABI (-2)
+int kernel_abi(void);
+
+/* The builds' vector widths (build.py's ISAS). OMNI_ZMM: 512-bit code, where AVX-512
    is on and the build did not ask for the 256-bit code (OMNI_YMM: the avxvnni-evex
    build, AVX-VNNI's code in AVX-512 VL's encodings, to test and time it where
    AVX-512 VNNI runs). DPBUSD256: a 256-bit VPDPBUSD, AVX-VNNI's (Intel's desktop
@@ -20,7 +29,7 @@
 /* Buffers on whole cache lines: a 64-byte load (a tile row, a vector of 64 bytes)
    that straddles two lines costs two reads; with malloc's 16-byte alignment a
    product of 200 rows on AMX tiles ran 1.6x slower in some processes than in
-   others (scripts/kernel_ab.py --gemm --rows 200). */
+   others (tools/kernel_ab.py --gemm --rows 200). */
 static inline void *lines(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
 /* Work a caller runs beside a product on the product's own threads, so it needs no
@@ -36,18 +45,18 @@ typedef struct {
     void *ctx;
 } Beside;
 
-/* The weights' layouts (int4_gemm.c), numbered as GGML numbers the quantization
+/* The weights' layouts (quant_gemm.c), numbered as GGML numbers the quantization
    each holds: 4 bits in groups of 32 with an fp16 scale and offset each (Q4_1's
-   form, int4.fit's), Q4_K's superblocks, Q6_K's blocks, Q8_0's blocks. */
+   form, layouts.fit's), Q4_K's superblocks, Q6_K's blocks, Q8_0's blocks. */
 enum { LAYOUT_Q4_1 = 3, LAYOUT_Q8_0 = 8, LAYOUT_Q4_K = 12, LAYOUT_Q6_K = 14 };
 
-int q4_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
-            int64_t ldy, int threads);
+int quant_gemm(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
+               int64_t ldy, int threads);
 
 /* A barrier for the threads of the current OpenMP team (all of them call
    team_wait; outside a parallel region it returns at once). libgomp's own barrier
    makes a futex syscall each time it opens, and a step's forward passes hundreds of
-   them; this one spins, and sleeps only after a while (int4_gemm.c). Zero-initialized. */
+   them; this one spins, and sleeps only after a while (quant_gemm.c). Zero-initialized. */
 typedef struct {
     _Atomic int arrived, generation, sleepers;
 } TeamBarrier;
@@ -75,6 +84,6 @@ int gemm_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *wei
 /* The product with `beside` (NULL: nothing) run along. */
 int gemm_beside(int kind, const float *x, int64_t m, int64_t k, const uint8_t *weights, int64_t n, float *y,
                 int64_t ldy, int threads, const Beside *beside);
-/* Rows from which a product runs on AMX tiles in bf16 (int4_gemm.c); 0: never here
+/* Rows from which a product runs on AMX tiles in bf16 (quant_gemm.c); 0: never here
    (a build without AMX, or the OS did not lend the tiles). */
 int amx_rows(void);
