@@ -3,7 +3,7 @@
 glibc keeps freed blocks for reuse and returns little of them, so memory the
 process freed stays resident: each learner batch's activations come in other
 sizes (the worker's RSS crept up turn after turn with learning on;
-scripts/memory_soak.py), and a model's weights, once moved onto 2 MB pages
+python -m omnidraft.tools.memory_soak), and a model's weights, once moved onto 2 MB pages
 (core/models/huge_pages.py), left their old pages resident.
 """
 

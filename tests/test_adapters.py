@@ -206,6 +206,7 @@ def test_bf16_base_trains_fp32_lora(tmp_path):
     assert all(a.dtype == b.dtype == torch.float32 for a, b in store.low_rank_state("t").values())
 
 
+@pytest.mark.bench
 def test_switching_is_fast(store):
     for t in ("a", "b", "c"):
         store.activate(t)

@@ -1,4 +1,4 @@
-"""Nothing derived from the user's text is readable on disk (issue 14 item 3), and
+"""Nothing derived from the user's text is readable on disk, and
 damaged or wrong-shape learned state is set aside, reported, and the rest kept."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 from omnidraft.core.decoding.sampling import GenerationConfig
-from omnidraft.core.engine import (
+from omnidraft.core.engine import Engine
+from omnidraft.core.events import TurnFinished
+from omnidraft.core.learning.adapters import LEGACY_META_FILE, META_FILE
+from omnidraft.core.learning.replay_buffer import LOG_MAGIC
+from omnidraft.core.learning.target_state import (
     NGRAM_FILE,
     NGRAM_LEGACY,
     POLICY_FILE,
     POLICY_LEGACY,
-    Engine,
 )
-from omnidraft.core.events import TurnFinished
-from omnidraft.core.learning.adapters import LEGACY_META_FILE, META_FILE
-from omnidraft.core.learning.replay_buffer import LOG_MAGIC
 from omnidraft.core.storage import paths
 from omnidraft.core.storage.conversations import ConversationStore
 from omnidraft.core.storage.secure_store import MAGIC, save_encrypted

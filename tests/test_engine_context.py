@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 from omnidraft.core.decoding.drafter import Drafter, DraftSettings
 from omnidraft.core.decoding.sampling import GenerationConfig
-from omnidraft.core.engine import MAX_MESSAGE_CHARS, Engine, InputError
+from omnidraft.core.engine import Engine, InputError
 from omnidraft.core.events import TurnFinished
 from omnidraft.core.models.chat_format import encode_chat
+from omnidraft.core.models.context import MAX_MESSAGE_CHARS
 
 from tests.tiny import tiny_engine, tiny_gemma3
 

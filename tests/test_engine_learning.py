@@ -114,14 +114,14 @@ def test_a_request_during_the_drafter_refresh_does_not_wait_for_it(home, target_
     for p in PROMPTS:
         _reply(engine, p, speculative=True)
     before = drafter_prediction(engine)
-    request_at_refresh = lambda: engine._drafter_stale
-    while not engine._drafter_stale:
+    request_at_refresh = lambda: engine.learning.drafter_stale
+    while not engine.learning.drafter_stale:
         assert engine.idle_step(should_stop=request_at_refresh).state == "running"
     assert torch.equal(drafter_prediction(engine), before)  # still the old weights
     reply = _reply(engine, PROMPTS[0], speculative=True)  # served meanwhile, with them
     assert reply.stats.new_tokens > 0
     p = engine.idle_step()
-    assert p.state == "running" and not engine._drafter_stale
+    assert p.state == "running" and not engine.learning.drafter_stale
     assert not torch.equal(drafter_prediction(engine), before)
 
 

@@ -1,6 +1,5 @@
 """The online learner on a tiny cross-vocabulary pair (SmolLM2 vocab -> Gemma vocab)."""
 
-import time
 from dataclasses import replace
 
 import pytest
@@ -115,19 +114,15 @@ def test_should_stop_interrupts_quickly_without_changes(parts):
     learner = make(batch_size=4)
     _fill(buffer, samples)
     snapshot = learner.snapshot()
-    calls = {"n": 0, "stopped_at": None}
+    calls = {"n": 0}
 
     def stop_in_the_forward():
         calls["n"] += 1
-        if calls["n"] >= 3:  # 1: before the first sample, 2-3: target layers
-            calls["stopped_at"] = calls["stopped_at"] or time.perf_counter()
-            return True
-        return False
+        return calls["n"] >= 3  # 1: before the first sample, 2-3: target layers
 
     result = learner.step(stop_in_the_forward)
-    latency = time.perf_counter() - calls["stopped_at"]
     assert result["interrupted"] and not result["pass_done"]
-    assert latency < 0.2
+    assert calls["n"] == 3  # it gave way at the first "stop", asking nothing more
     assert not learner.lora_params_changed(snapshot) and learner.updates == 0
     assert all(p.grad is None for p in store.parameters(TARGET))
     assert len(buffer) == 4

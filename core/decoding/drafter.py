@@ -33,9 +33,9 @@ class DraftSettings:
     k: int = 4  # drafter tokens per step
     num_layers: int | None = None  # None = all of the drafter's layers
     int8: bool = True  # int8 weights (row-scaled dynamic int8, as the target's)
-    int4: bool = True  # ... its projections in 4 bits where the 4-bit kernel runs (core/models/int4.py)
+    int4: bool = True  # ... its projections in 4 bits where the 4-bit kernel runs (core/kernels/)
     # Stop drafting early once the drafter's own top probability falls below this
-    # (chosen by scripts/drafter_sweep.py, see docs/drafter.md).
+    # (chosen by git show 524cea4:scripts/drafter_sweep.py, see git show 524cea4:docs/drafter.md).
     min_confidence: float = 0.5
     # Adaptive drafting (docs/method.md §3): stop once 1 - prod(P_i) > gamma. Without a
     # trained acceptance head, P_i is the drafter's own top probability. None = off.
@@ -59,13 +59,13 @@ class DraftSettings:
     # target tokens allowed), rather than draw them from its distribution (accepted
     # with min(1, p/q'), Eq. 1). Lossless either way (a rejection draws from the rest
     # of p); undrawn, omnidraft ran 1.27x / 1.36x plain raw / chat at temperature 0.7
-    # against 1.19x / 1.30x drawn (docs/speed.md, "Sampled replies").
+    # against 1.19x / 1.30x drawn (git show 524cea4:docs/speed.md, "Sampled replies").
     draw_drafts: bool = False
     # The LM head over the drafter's first N token ids only (None: all). BPE ids run
     # roughly by frequency, and after a target step the head's bytes come from memory
     # with the layers': over SmolLM2's first 32,768 of 49,152 ids a drafted token
     # reads a third less head, drafting 6-7% cheaper a step for a drafter's own
-    # acceptance 0.008 lower raw (docs/drafter.md, "A shorter LM head").
+    # acceptance 0.008 lower raw (git show 524cea4:docs/drafter.md, "A shorter LM head").
     head_tokens: int | None = 32768
 
 

@@ -304,8 +304,7 @@ class VocabBridge:
 
         Token-by-token mapping fails at every boundary the two tokenizers draw
         differently, and code is full of them: SmolLM2 spells an indented line
-        'ĊĠĠĠĠĠĠĠ','Ġreturn', Gemma '\\n','▁▁▁▁▁▁▁▁','return' (docs/drafter.md
-        has what fixing this gained). Greedy verification needs no draft probabilities,
+        'ĊĠĠĠĠĠĠĠ','Ġreturn', Gemma '\\n','▁▁▁▁▁▁▁▁','return'. Greedy verification needs no draft probabilities,
         so the text can simply be re-tokenized (~30 µs). `held` is the accepted
         text the drafter re-drafted (Drafter token healing); it is not proposed
         again. A trailing whitespace token is dropped: more whitespace may

@@ -64,7 +64,7 @@ MIN_LABELS = 512  # labelled segments before the head replaces the drafter's con
 # AdamW. Adam moves each of the 576 hidden-state weights by ~lr a step, so at
 # 1e-2 the head followed the last batch (its mean chance swung by 0.08 over 8
 # batches) and ranked dev replies' drafts worse than the drafter's confidence
-# alone; 1e-3 had the lowest log loss (scripts/head_sweep.py, docs/learning.md).
+# alone; 1e-3 had the lowest log loss (git show 524cea4:scripts/head_sweep.py).
 LR = 1e-3
 STEPS = 4  # head updates per learner step, over that step's turns (cheap: no model forward)
 _EPS = 1e-6

@@ -67,7 +67,7 @@ KEEP_ENERGY = 0.98
 # ... and at most this rank: cut from a trained rank-32 adapter, rank 8 kept all
 # of its target tokens per step (2.45 against 2.44, 2.16 without it) for a
 # quarter of the bytes (one drafter row 1.02-1.05x against 1.16-1.19x a plain
-# forward; docs/learning.md, scripts/adapter_rank_eval.py, adapter_cost.py).
+# forward; git show 524cea4:scripts/adapter_rank_eval.py).
 DRAFT_MAX_RANK = 8
 
 

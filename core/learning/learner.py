@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.vocab_bridge import VocabBridge
-from ..models.int4 import cpu_flags
+from ..kernels.build import cpu_flags
 from ..stopping import ShouldStop, never
 from .acceptance_head import LR as HEAD_LR
 from .acceptance_head import AcceptanceHead, HeadExample, fit_head, head_example, segment_labels
@@ -52,7 +52,7 @@ def training_dtype(flags: frozenset[str] | None = None) -> torch.dtype:
     weights): bf16 where the CPU multiplies bf16 natively, else float32. Elsewhere
     torch emulates bf16 products and their backward: on a Zen 3 (AVX2) one LoRA
     forward and backward of SmolLM2-135M over 256 tokens took 6.2 + 32 s in bf16
-    against 1.1 + 1.2 s in float32 (scripts/training_dtype.py), a learner step
+    against 1.1 + 1.2 s in float32 (git show 524cea4:scripts/training_dtype.py), a learner step
     348 s against ~60, so an idle user's minutes could not finish one."""
     return torch.bfloat16 if (cpu_flags() if flags is None else flags) & NATIVE_BF16 else torch.float32
 
@@ -333,7 +333,7 @@ def _in_vocab(ids: list[int], model) -> bool:
 
 # oneDNN, which runs the drafter's bf16 training matmuls on CPU, keeps what it
 # builds for every shape it meets and never frees it: a learner fed replies of
-# every length grew the worker by ~8 MiB per new length (scripts/memory_shapes.py).
+# every length grew the worker by ~8 MiB per new length (git show 524cea4:scripts/memory_shapes.py).
 # The drafter's sequence and its kept logits rows are padded to multiples of this,
 # so it meets a few dozen shapes at most.
 SHAPE_STEP = 32

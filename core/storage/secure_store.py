@@ -13,11 +13,11 @@ File format: MAGIC + 8-byte key fingerprint + 12-byte nonce + AES-GCM ciphertext
 and tag (the header authenticated with it). The fingerprint lets a reader tell
 "encrypted with a key we do not hold" (keyring unavailable today, data copied from
 another machine) from "damaged": the first is reported and the file left
-untouched, the second is a CorruptStateError the caller quarantines. Files written
-before Dec 5 (FERNET_MAGIC + fingerprint + Fernet token, AES-128-CBC + HMAC,
+untouched, the second is a CorruptStateError the caller quarantines. Files in the
+older format (FERNET_MAGIC + fingerprint + Fernet token, AES-128-CBC + HMAC,
 base64) still open and are rewritten in the new format by their next save: that
 format took 0.23 s to encrypt the learner's 39 MB adapter, which GCM does in
-0.007 s, and stored it a third larger (scripts/adapter_save.py).
+0.007 s, and stored it a third larger (git show 524cea4:scripts/adapter_save.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ KEYRING_SERVICE = "omnidraft"
 KEYRING_NAME = "data-key"
 KEY_FILE_NAME = paths.KEY_FILE_NAME
 MAGIC = b"OMDENC2\n"  # AES-GCM (what is written)
-FERNET_MAGIC = b"OMDENC1\n"  # Fernet (files written before Dec 5; still read)
+FERNET_MAGIC = b"OMDENC1\n"  # Fernet (the older format; still read)
 _FP_LEN = 8
 _NONCE_LEN = 12
 

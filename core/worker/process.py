@@ -329,7 +329,7 @@ class WorkerLoop:
         )
 
     def _describe_target(self, request: DescribeTarget) -> None:
-        from ..engine import InputError
+        from ..models.context import InputError
 
         try:
             info = self.engine.describe_target()
@@ -358,9 +358,9 @@ class WorkerLoop:
 
     def _chat(self, request: ChatRequest) -> None:
         from ..decoding.sampling import GenerationConfig
-        from ..engine import InputError
         from ..events import TokenChunk, TurnFinished
         from ..models.catalog import ModelError
+        from ..models.context import InputError
 
         batcher = _Batcher(self.emit, request.request_id)
         cancelled = False
