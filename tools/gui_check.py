@@ -6,7 +6,7 @@ reports the worst event-loop stall per phase (engine start, model loading,
 streaming) from the window's 10 ms stall monitor. Optionally saves
 screenshots of the window, the charts and the settings dialog.
 
-    .venv/bin/python scripts/gui_check.py --target qwen2.5-coder-1.5b-instruct \
+    .venv/bin/python -m omnidraft.tools.gui_check --target qwen2.5-coder-1.5b-instruct \
         --prompt "Write a Python function that reverses a string." --shots docs/screenshots
 
 --learn-seconds N then asks the engine to learn now and watches it for N seconds.
@@ -27,23 +27,45 @@ import tempfile
 import time
 from pathlib import Path
 
+from .common import non_negative_float, positive_float, positive_int, tool_parser
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+DEFAULT_PROMPT = "Write a short Python function that reverses a string, and explain it."
+
+
+def window_size(text: str) -> tuple[int, int]:
+    """WIDTHxHEIGHT in pixels: "1280x800" -> (1280, 800)."""
+    width, _, height = text.partition("x")
+    try:
+        size = int(width), int(height)
+    except ValueError:
+        size = (0, 0)
+    if min(size) < 1:
+        raise argparse.ArgumentTypeError(f"needs WIDTHxHEIGHT in pixels (as 1280x800), not {text!r}")
+    return size
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = tool_parser(__file__, __doc__)
     p.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="catalog id or model path")
-    p.add_argument("--prompt", action="append", help="a message to send (repeatable)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--cache", help="an existing cache folder (holding models/, gguf/) to reuse")
-    p.add_argument("--shots", help="folder for PNG screenshots")
+    p.add_argument("--prompt", action="append",
+                   help=f"a message to send (repeatable; default: {DEFAULT_PROMPT!r})")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--cache", type=Path, help="an existing cache folder (holding models/, gguf/) to reuse")
+    p.add_argument("--shots", type=Path, help="folder for PNG screenshots")
     p.add_argument("--highlight", action="store_true", help="tint text from accepted drafts")
-    p.add_argument("--learn-seconds", type=float, default=0.0,
+    p.add_argument("--learn-seconds", type=non_negative_float, default=0.0,
                    help="after the prompts, ask the engine to learn now and watch it this long")
-    p.add_argument("--pause", type=float, default=0.0,
+    p.add_argument("--pause", type=non_negative_float, default=0.0,
                    help="seconds between a reply and the next prompt, as a person reading it")
     p.add_argument("--keep-home", action="store_true", help="keep the temporary data folder")
-    p.add_argument("--size", default="1280x800")
-    p.add_argument("--timeout", type=float, default=900.0)
-    return p.parse_args(argv)
+    p.add_argument("--size", type=window_size, default=(1280, 800), help="the window's WIDTHxHEIGHT (default 1280x800)")
+    p.add_argument("--timeout", type=positive_float, default=900.0,
+                   help="seconds each phase (loading, a reply) may take")
+    args = p.parse_args(argv)
+    if args.cache is not None and not args.cache.expanduser().is_dir():
+        p.error(f"--cache: no such folder: {args.cache}")
+    args.prompt = args.prompt or [DEFAULT_PROMPT]
+    return args
 
 
 def prepare_home(args: argparse.Namespace) -> Path:
@@ -51,7 +73,7 @@ def prepare_home(args: argparse.Namespace) -> Path:
     if args.cache:
         (home / "cache").mkdir()
         for name in ("models", "gguf"):
-            source = Path(args.cache).expanduser().resolve() / name
+            source = args.cache.expanduser().resolve() / name
             if source.exists():
                 (home / "cache" / name).symlink_to(source)
     (home / "config").mkdir()
@@ -81,7 +103,7 @@ async def drive(window, args, shots: Path | None) -> dict:
         raise SystemExit(f"the model did not load: {[e.message for e in events if isinstance(e, ErrorEvent)]}")
     load_s = time.monotonic() - started
     turns = []
-    for n, prompt in enumerate(args.prompt or ["Write a short Python function that reverses a string, and explain it."]):
+    for n, prompt in enumerate(args.prompt):
         if n:
             await asyncio.sleep(args.pause)
         window.chat.composer.setPlainText(prompt)
@@ -148,11 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     window = MainWindow(target=args.target)
-    width, height = (int(v) for v in args.size.split("x"))
-    window.resize(width, height)
+    window.resize(*args.size)
     window.show()
     window.start()
-    shots = Path(args.shots) if args.shots else None
+    shots = args.shots
     async def run() -> dict:
         try:
             return await drive(window, args, shots)

@@ -13,14 +13,19 @@ llama.cpp (`make peers`) decodes the same ids of the same GGUF as a third method
 keeping its own cache between turns as its Python binding does (the longest
 prefix it already holds).
 
-    .venv/bin/python scripts/conversation_speed.py --llamacpp --json docs/results/conversation-speed.json
+    .venv/bin/python -m omnidraft.tools.conversation_speed --turns 12 --llamacpp \
+        --json conversation-speed.json
+
+--prompts defaults to eval/dev.jsonl (the checkout's, else the current directory's).
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +37,16 @@ from omnidraft.core.models.catalog import ModelCatalog
 from omnidraft.core.models.chat_format import stop_token_ids
 from omnidraft.core.models.lean_llama import common_prefix
 from omnidraft.core.models.loader import source_path
+
+from .common import (
+    check_file,
+    eval_file,
+    non_negative_int,
+    output_file,
+    positive_int,
+    tool_parser,
+    write_json,
+)
 
 
 def answer(engine: Engine, messages: list[dict], cfg: GenerationConfig, speculative: bool, history: int) -> dict:
@@ -80,18 +95,27 @@ def llamacpp_answer(engine: Engine, threads: int):
     return llm, answer
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--prompts", type=Path, default=Path("eval/dev.jsonl"))
-    parser.add_argument("--turns", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = tool_parser(__file__, __doc__)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="catalog id or model path")
+    parser.add_argument("--prompts", type=Path, default=eval_file("dev.jsonl"),
+                        help="a JSONL file of {\"prompt\": ...} rows, the conversation's user messages in turn")
+    parser.add_argument("--turns", type=positive_int, default=16)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--llamacpp", action="store_true", help="llama.cpp on the same GGUF as a third method")
-    parser.add_argument("--window", type=int, default=None,
+    parser.add_argument("--window", type=non_negative_int, default=None,
                         help="the drafter's attention window (DraftSettings.window; 0: every position; "
                         "default: the engine's)")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=output_file, help="write the report here")
+    args = parser.parse_args(argv)
+    check_file(parser, "--prompts", args.prompts)
+    if args.llamacpp and importlib.util.find_spec("llama_cpp") is None:
+        parser.error("--llamacpp runs llama.cpp through its Python binding: pip install llama-cpp-python")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     rows = [json.loads(line)["prompt"] for line in args.prompts.read_text().splitlines() if line.strip()]
     engine = Engine(ModelCatalog())
     engine.load_target(args.target)
@@ -140,9 +164,9 @@ def main() -> None:
             run.pop("text")
     report = {"target": args.target, "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
               "drafter_window": engine.drafter.net.window, "turns": turns}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.json, report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

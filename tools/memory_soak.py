@@ -7,8 +7,8 @@ now, as the idle worker does by itself after its idle delay). The worker's RSS (
 turn. Reported: RSS after warm-up and at the end, the growth per 100 turns
 after warm-up (a least-squares slope), the learner's steps, and the series.
 
-    .venv/bin/python scripts/memory_soak.py --turns 400 --json soak.json
-    .venv/bin/python scripts/memory_soak.py --turns 400 --no-learning
+    .venv/bin/python -m omnidraft.tools.memory_soak --turns 400 --json soak.json
+    .venv/bin/python -m omnidraft.tools.memory_soak --turns 400 --no-learning
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import random
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import psutil
 from omnidraft.core.worker.process import WorkerHandle
@@ -34,6 +33,8 @@ from omnidraft.core.worker.protocol import (
     TurnDone,
     WorkerReady,
 )
+
+from .common import non_negative_int, output_file, positive_float, positive_int, tool_parser
 
 TOPICS = ["a lighthouse", "binary search", "sourdough bread", "the moon landing", "a python decorator",
           "tide pools", "hash tables", "a chess opening", "compound interest", "a haiku about rain"]
@@ -95,17 +96,22 @@ def report(args: argparse.Namespace, steps: int, series: list[tuple[int, float]]
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = tool_parser(__file__, __doc__)
     parser.add_argument("--target", default="smollm2-135m-instruct", help="catalog id or model path")
-    parser.add_argument("--turns", type=int, default=400)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--learn-s", type=float, default=60.0, help="at most this long for a learner step after each reply")
+    parser.add_argument("--turns", type=positive_int, default=400)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=48)
+    parser.add_argument("--learn-s", type=positive_float, default=60.0,
+                        help="at most this long for a learner step after each reply")
     parser.add_argument("--no-learning", action="store_true")
-    parser.add_argument("--warmup", type=int, default=50, help="turns before memory should be flat")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    parser.add_argument("--warmup", type=non_negative_int, default=50, help="turns before memory should be flat")
+    parser.add_argument("--threads", type=positive_int, default=None)
+    parser.add_argument("--json", type=output_file, help="write the report here (also while it runs)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     rng = random.Random(0)
     with tempfile.TemporaryDirectory(prefix="omnidraft-soak-") as home:

@@ -5,8 +5,8 @@ Decoding streams every weight once per forward, so bytes per forward over the
 bandwidth is a floor no kernel beats. Verification of k drafted tokens is a
 forward over k+1 rows: speculation pays only where that costs about one row.
 
-    .venv/bin/python scripts/speed_floor.py --target qwen2.5-coder-1.5b-instruct \
-        --json docs/results/speed-floor.json
+    .venv/bin/python -m omnidraft.tools.speed_floor --target qwen2.5-coder-1.5b-instruct \
+        --json speed-floor.json
 
 Prints and writes: bandwidth (GB/s, a bf16 GEMV and a plain sum), the target's
 weight bytes in its file and in bf16 and the floor each gives (ms per forward),
@@ -17,13 +17,13 @@ and per kernel the ms per 1/2/3/5/8 rows on one 220 MB-of-bf16 weight
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from .common import output_file, positive_int, tool_parser, write_json
 
 ROWS = (1, 2, 3, 5, 8)
 N, K = 71_680, 1_536  # 110 M weights: 220 MB in bf16
@@ -110,12 +110,16 @@ def target_bytes(target: str) -> dict:
     return {"file": str(path), "file_bytes": path.stat().st_size, "params": params, "bf16_bytes": params * 2}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = tool_parser(__file__, __doc__)
     ap.add_argument("--target", help="a catalog id or GGUF path: print its floor")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--json", type=output_file, help="write the report here")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     report: dict = {"torch_threads": torch.get_num_threads(), "bandwidth": bandwidth()}
@@ -133,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'kernel (220 MB of bf16 weight)':<60} " + " ".join(f"{m:>6} rows" for m in ROWS))
     for name, by_rows in report["kernels_ms"].items():
         print(f"{name:<60} " + " ".join(f"{by_rows[m]:>8.1f} ms"[-11:] for m in ROWS))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report, indent=2)
     return 0
 
 

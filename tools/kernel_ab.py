@@ -3,83 +3,84 @@ one process (so a busy machine's load hits both alike): ms a one-row forward of 
 bundled SmolLM2 drafter after a 200-token context, plain and with a random rank-8
 adapter on all seven projections, and what the adapter adds, for each build.
 
-With --gemm: the 4-bit products of 28 Qwen2.5-1.5B-shaped layers (as
-scripts/kernel_rows.py --layers) for 1 to 8 rows, the fastest of --reps passes
-each (--bits 6: the 6-bit products; --shapes gemma: Gemma-3-270M's Q4_K ones;
---rows 64,200: blocks of a prompt's size, on AMX tiles where the CPU has them).
-Each build gets weights packed by its own revision's int4.py, so a layout change
-is measured too; where both revisions pack alike, both builds read one copy (where
-the OS placed a copy each moved the ratio by up to 13%) and their results are
-checked equal.
+With --gemm: the 4-bit products of 28 Qwen2.5-1.5B-shaped layers (q/k/v, o,
+gate/up, down; 29 MB of 4-bit weights a layer, so 28 outgrow any CPU cache) for 1
+to 8 rows, the fastest of --reps passes each (--bits 6: the 6-bit products;
+--shapes gemma: Gemma-3-270M's Q4_K ones; --rows 64,200: blocks of a prompt's
+size, on AMX tiles where the CPU has them). Each build gets weights packed by its
+own revision's kernel code, so a layout change is measured too; where both revisions
+pack alike, both builds read one copy (where the OS placed a copy each moved the
+ratio by up to 13%) and their results are checked equal.
 
 With --prompt N: ms a prompt token of an N-token prompt read (one forward from an
 empty cache) by the drafter and by the Qwen2.5-Coder-1.5B target, medians of
 --reps reads each.
 
-    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --against 2f25811 [--reps 600]
+    .venv/bin/python -m omnidraft.tools.kernel_ab --against 2f25811 [--reps 600]
     (the drafter's forward: revisions whose kernels take the same arguments)
-    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --against 2d11600 [--reps 7]
-    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --shapes gemma --against b5b0880 --reps 200
-    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --gemm --rows 64,200 --layers 2 --against HEAD --reps 9
-    PYTHONPATH=. .venv/bin/python scripts/kernel_ab.py --prompt 200 --against HEAD --reps 15
+    .venv/bin/python -m omnidraft.tools.kernel_ab --gemm --against 2d11600 [--reps 7]
+    .venv/bin/python -m omnidraft.tools.kernel_ab --gemm --shapes gemma --against b5b0880 --reps 200
+    .venv/bin/python -m omnidraft.tools.kernel_ab --gemm --rows 64,200 --layers 2 --against HEAD --reps 9
+    .venv/bin/python -m omnidraft.tools.kernel_ab --prompt 200 --against HEAD --reps 15
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from adapter_cost import ALL, random_adapter
-from kernel_rows import QWEN_LAYER, STREAM_ROWS, random_packed
-from omnidraft.core.models import int4
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.lean_llama import LeanLlama
 from omnidraft.core.models.loader import load
 
-HERE = Path(int4.__file__).parent
-REPO = Path(__file__).resolve().parent.parent
+from .common import (
+    build_at,
+    check_revision,
+    int_list,
+    kernels,
+    module_at,
+    non_negative_int,
+    positive_int,
+    prompt_nets,
+    sources_at,
+    tool_parser,
+    use_build,
+    working_build,
+)
+
+# A LoRA adapter on every projection of the drafter (what the learner adapts).
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# --gemm's default rows: a one-token step and verifications of up to 7 drafted tokens.
+STREAM_ROWS = (1, 2, 3, 4, 5, 8)
+# (inputs, outputs) of one Qwen2.5-1.5B layer's products: q/k/v, o, gate/up, down
+QWEN_LAYER = ((1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536))
 
 
-def build(module, folder: Path):
-    """The kernels built from `folder`'s sources by `module` (an int4.py: its own
-    build, cache and ctypes signatures)."""
-    module._SOURCES = [folder / "int4_gemm.c", folder / "decoder_stack.c"]
-    module._HEADERS = [path for path in [folder / "int4_gemm.h"] if path.exists()]
-    module._library.cache_clear()
-    lib = module._library()
-    if isinstance(lib, module.KernelUnavailable):
-        raise SystemExit(f"{folder}: {lib}")
-    return lib
+def random_adapter(model, rank: int, names: tuple[str, ...]) -> dict:
+    """Random low-rank factors (A, B) for `model`'s Linear layers named in `names`."""
+    gen = torch.Generator().manual_seed(rank)
+    out = {}
+    for path, module in model.named_modules():
+        if path.split(".")[-1] in names and isinstance(module, torch.nn.Linear):
+            out[path] = (torch.randn(rank, module.in_features, generator=gen) * 1e-3,
+                         torch.randn(module.out_features, rank, generator=gen) * 1e-3)
+    return out
 
 
-# The kernels' sources and the int4.py that builds and binds them.
-SOURCES = ("int4_gemm.c", "decoder_stack.c", "int4_gemm.h", "int4.py")
-
-
-def sources_at(revision: str, folder: Path) -> Path:
-    """SOURCES as git `revision` holds them, written into folder (a file it lacks,
-    as int4_gemm.h before there was one, left out)."""
-    for name in SOURCES:
-        done = subprocess.run(["git", "show", f"{revision}:core/models/{name}"], cwd=REPO, capture_output=True,
-                              check=False)
-        if done.returncode == 0:
-            (folder / name).write_bytes(done.stdout)
-    return folder
-
-
-def int4_at(folder: Path):
-    """The int4.py in `folder` as a module of its own (its packers), beside the
-    working tree's."""
-    spec = importlib.util.spec_from_file_location(f"{int4.__package__}._int4_{abs(hash(folder))}", folder / "int4.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def random_packed(n: int, k: int, g: torch.Generator, module) -> torch.Tensor:
+    """Random n x k weights in Q4_K's layout, as a Q4_K_M target's 4-bit layers
+    (module: the kernel module to pack them with, a revision's own or the working tree's)."""
+    supers = -(-k // 256)
+    return module.Q4K(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                      (torch.rand(n, supers, generator=g) * 1e-3).half(),
+                      (torch.rand(n, supers, generator=g) * 1e-3).half(),
+                      torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g),
+                      torch.randint(0, 64, (n, k // 32), dtype=torch.uint8, generator=g)).packed()
 
 
 def random_weights(module, n: int, k: int, bits: int, g: torch.Generator) -> torch.Tensor:
@@ -104,9 +105,9 @@ def product(module, x: torch.Tensor, packed: torch.Tensor, n: int, bits: int) ->
     return module.q4_mm(x, packed, n, bits=bits)
 
 
-# The 4-bit (Q4_K) products of a target's file: Qwen2.5-1.5B's 28 layers (as
-# kernel_rows.py --layers), or Gemma-3-270M's file's Q4_K tensors (18 attention
-# outputs, 9 MLP down projections; its other layers are Q5_0 / Q8_0, run in int8).
+# The 4-bit (Q4_K) products of a target's file: Qwen2.5-1.5B's 28 layers, or
+# Gemma-3-270M's file's Q4_K tensors (18 attention outputs, 9 MLP down
+# projections; its other layers are Q5_0 / Q8_0, run in int8).
 SHAPES = {"qwen": [shape for _ in range(28) for shape in QWEN_LAYER],
           "gemma": [(1024, 640)] * 18 + [(2048, 640)] * 9}
 
@@ -153,20 +154,12 @@ def gemm_ab(modules: dict, reps: int, bits: int, shapes: str, rows: tuple[int, .
         got = [product(module, x, packed, 2048, bits) for module in modules.values()]
         if not torch.equal(*got):  # AMX blocks may sum in another order: bf16 products' rounding
             error = ((got[0] - got[1]).abs().max() / got[0].abs().max()).item()
-            if m < int4.amx_rows() or not int4.amx_rows() or error > 1e-5:
+            amx_rows = kernels().amx_rows()
+            if m < amx_rows or not amx_rows or error > 1e-5:
                 raise SystemExit(f"the builds differ at {m} rows (max relative difference {error:.2e})")
 
 
-def prompt_nets(max_len: int = 1024, target: str = "qwen2.5-coder-1.5b-instruct") -> dict:
-    """The bundled drafter's net (room for max_len positions) and the target's, as a
-    reply reads a prompt with them."""
-    catalog = ModelCatalog()
-    return {"drafter": LeanLlama(load(catalog.get(SMOLLM2_ID), torch.bfloat16).model, int8=True, int4=True,
-                                 max_len=max_len),
-            "target": load(catalog.get(target), torch.bfloat16, int8=True).runner.net}
-
-
-def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
+def prompt_ab(libs: dict, tokens: int, reps: int) -> None:
     """A prompt read by the drafter and the target, build by build, read by read."""
     nets = prompt_nets()
     prompt = list(range(1000, 1000 + tokens))
@@ -174,7 +167,7 @@ def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
     with torch.no_grad():
         for rep in range(reps + 1):
             for lib, built in libs.items():
-                current["lib"] = built
+                use_build(built)
                 for name, net in nets.items():
                     net.reset()
                     start = time.perf_counter()
@@ -188,34 +181,53 @@ def prompt_ab(libs: dict, current: dict, tokens: int, reps: int) -> None:
         print(f"{lib:<14} {ms[lib, 'drafter']:>9.3f} {ms[lib, 'target']:>9.3f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = tool_parser(__file__, __doc__)
     parser.add_argument("--against", required=True, help="a git revision")
-    parser.add_argument("--reps", type=int, default=None, help="default 600, or 7 with --gemm")
+    parser.add_argument("--reps", type=positive_int, default=None,
+                        help="default 600, or 7 with --gemm, or 15 with --prompt")
     parser.add_argument("--gemm", action="store_true", help="time the target-shaped products instead")
-    parser.add_argument("--bits", type=int, choices=(4, 6), default=4)
+    parser.add_argument("--bits", type=int, choices=(4, 6), default=4, help="--gemm's weights: 4- or 6-bit")
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="qwen", help="whose products --gemm times")
-    parser.add_argument("--rows", type=lambda text: tuple(int(r) for r in text.split(",")), default=None,
-                        help="--gemm's rows a product, comma-separated (default 1-8)")
-    parser.add_argument("--layers", type=int, default=None, help="--gemm on qwen's shapes: only the first N layers")
-    parser.add_argument("--prompt", type=int, default=0, help="time a prompt read of this many tokens instead")
-    args = parser.parse_args()
+    parser.add_argument("--rows", type=int_list, default=None,
+                        help="--gemm's rows a product, comma-separated (default 1,2,3,4,5,8; gemma's 1,3,5)")
+    parser.add_argument("--layers", type=positive_int, default=None,
+                        help="--gemm on qwen's shapes: only the first N layers")
+    parser.add_argument("--prompt", type=non_negative_int, default=0,
+                        help="time a prompt read of this many tokens instead")
+    args = parser.parse_args(argv)
+    if not args.gemm:
+        given = [name for name, value, default in (("--bits", args.bits, 4), ("--shapes", args.shapes, "qwen"),
+                                                   ("--rows", args.rows, None), ("--layers", args.layers, None))
+                 if value != default]
+        if given:
+            parser.error(f"{', '.join(given)} only with --gemm")
+    elif args.prompt:
+        parser.error("--prompt times a prompt read, --gemm the products: one at a time")
+    elif args.layers is not None and args.shapes != "qwen":
+        parser.error("--layers picks qwen's layers (--shapes qwen)")
+    check_revision(parser, "--against", args.against)
+    if args.reps is None:
+        args.reps = 7 if args.gemm else 15 if args.prompt else 600
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         old = sources_at(args.against, Path(tmp))
-        modules = {args.against: int4_at(old), "working tree": int4}
-        libs = {args.against: build(modules[args.against], old), "working tree": build(int4, HERE)}
+        modules = {args.against: module_at(old), "working tree": kernels()}
+        libs = {args.against: build_at(modules[args.against], old), "working tree": working_build()}
     if args.gemm:
         for lib, module in modules.items():
-            module._library = lambda isa=None, built=libs[lib]: built
-        gemm_ab(modules, args.reps or 7, args.bits, args.shapes, args.rows, args.layers)
-        return
-    build_lib = int4._library
-    current = {"lib": libs[args.against]}
-    int4._library = lambda isa=None: current["lib"]  # LeanLlama asks for the library at each forward
+            use_build(libs[lib], module)
+        gemm_ab(modules, args.reps, args.bits, args.shapes, args.rows, args.layers)
+        return 0
+    use_build(libs[args.against])  # the nets ask for the library at each forward: from loading on
     try:
         if args.prompt:
-            prompt_ab(libs, current, args.prompt, args.reps or 15)
-            return
+            prompt_ab(libs, args.prompt, args.reps)
+            return 0
         model = load(ModelCatalog().get(SMOLLM2_ID), torch.bfloat16).model
         nets = {"plain": LeanLlama(model, int8=True, int4=True, max_len=1024),
                 "rank 8": LeanLlama(model, int8=True, int4=True, adapter=random_adapter(model, 8, ALL), max_len=1024)}
@@ -224,21 +236,23 @@ def main() -> None:
         with torch.no_grad():
             for net in nets.values():
                 net.forward(context)
-            for _ in range(args.reps or 600):
+            for _ in range(args.reps):
                 for lib, built in libs.items():
-                    current["lib"] = built
+                    use_build(built)
                     for name, net in nets.items():
                         start = time.perf_counter()
                         net.forward([42])
                         times[lib, name].append(time.perf_counter() - start)
                         net.rollback(len(context))
     finally:
-        int4._library = build_lib
+        use_build(None)
     ms = {key: 1000 * statistics.median(v) for key, v in times.items()}
     print(f"{'build':<14} {'plain ms':>9} {'rank 8 ms':>10} {'adapter adds':>13}")
     for lib in libs:
-        print(f"{lib:<14} {ms[lib, 'plain']:>9.3f} {ms[lib, 'rank 8']:>10.3f} {ms[lib, 'rank 8'] - ms[lib, 'plain']:>10.3f} ms")
+        print(f"{lib:<14} {ms[lib, 'plain']:>9.3f} {ms[lib, 'rank 8']:>10.3f} "
+              f"{ms[lib, 'rank 8'] - ms[lib, 'plain']:>10.3f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,23 +12,24 @@ them; and each runtime's prefill of the --context-token prompt, per prompt token
 Where the target's layers run as one kernel call (a Q4_K_M file's 4-bit and 6-bit
 layers), the same runtime with its layers as torch ops is timed beside it.
 
-    .venv/bin/python scripts/step_times.py --json docs/results/step-times.json
+    .venv/bin/python -m omnidraft.tools.step_times --json step-times.json
+    OMNIDRAFT_KERNEL_ISA=avx2 .venv/bin/python -m omnidraft.tools.step_times --reps 15
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
-from pathlib import Path
 
 import torch
 from omnidraft.core.decoding.drafter import Drafter, DraftSettings
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, bundled_path
-from omnidraft.core.models.int4 import kernel_isa
 from omnidraft.core.models.loader import load
 from omnidraft.core.models.target_runtime import TargetRunner
+
+from .common import kernels, output_file, positive_int, tool_parser, write_json
 
 ROWS = (1, 2, 3, 5, 8)
 
@@ -136,14 +137,19 @@ def prefill_ms(runner: TargetRunner, context: list[int]) -> float:
     return round(1000 * (time.perf_counter() - start) / len(context), 2)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--context-tokens", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = tool_parser(__file__, __doc__)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="catalog id or model path")
+    parser.add_argument("--context-tokens", type=positive_int, default=200,
+                        help="tokens of context before the timed forwards")
+    parser.add_argument("--reps", type=positive_int, default=15, help="forwards a median is taken over")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", type=output_file, help="write the report here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     catalog = ModelCatalog()
@@ -156,7 +162,7 @@ def main() -> None:
         "target": args.target,
         "context_tokens": args.context_tokens,
         "threads": torch.get_num_threads(),
-        "kernel": kernel_isa(),  # the kernels' build (OMNIDRAFT_KERNEL_ISA picks one by name)
+        "kernel": kernels().kernel_isa(),  # the kernels' build (OMNIDRAFT_KERNEL_ISA picks one by name)
         "rows": list(ROWS),
         "target_transformers_ms": target_ms(TargetRunner(target.model, lean=False), t_ids, args.reps),
         "drafter_ms": drafter_ms(drafter, d_ids, args.reps),
@@ -182,9 +188,9 @@ def main() -> None:
         if key in report:
             print(f"{key:24s}", "  ".join(f"{n}: {ms:6.1f}" for n, ms in report[key].items()))
     print("prefill ms per token    ", report["prefill_ms_per_token"])
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.json, report)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,7 +9,10 @@ top token is the target's top token, i.e. greedy acceptance of one drafted
 token, teacher-forced) and the hybrid loss. No timing is involved, so a loaded
 machine does not change the figures. The served replies are cached in --cache.
 
-    .venv/bin/python scripts/learning_sweep.py --lrs 1e-4,3e-4,1e-3 --passes 2
+    .venv/bin/python -m omnidraft.tools.learning_sweep --lrs 1e-4,3e-4,1e-3 --passes 2
+
+--train and --dev default to eval/train.jsonl (144 prompts) and eval/dev.jsonl
+(40), the checkout's, else the current directory's.
 
 --online trains as the app does instead of in epochs: the turns arrive --arrive
 at a time (default: a batch) and after each arrival the learner trains until it
@@ -54,7 +57,18 @@ from omnidraft.core.learning.learner import Learner
 from omnidraft.core.learning.replay_buffer import ReplayBuffer, Sample
 from omnidraft.core.models.chat_format import encode_chat
 
-ROOT = Path(__file__).resolve().parents[1]
+from .common import (
+    check_file,
+    eval_file,
+    existing_file,
+    float_list,
+    non_negative_int,
+    output_file,
+    positive_float,
+    positive_int,
+    repo_root,
+    tool_parser,
+)
 
 
 def prompt_pair(engine: Engine, prompt: str, chat: bool) -> tuple[list[int], list[int]]:
@@ -109,55 +123,79 @@ def evaluate(learner: Learner, samples: list[Sample]) -> dict:
     return {"greedy_match": match / n, "loss": loss / n}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="gemma-3-270m")
-    ap.add_argument("--train", type=Path, default=ROOT / "eval/train.jsonl")
-    ap.add_argument("--dev", type=Path, default=ROOT / "eval/dev.jsonl")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+def _parser() -> argparse.ArgumentParser:
+    ap = tool_parser(__file__, __doc__)
+    ap.add_argument("--target", default="gemma-3-270m", help="catalog id or model path")
+    ap.add_argument("--train", type=Path, default=eval_file("train.jsonl"), help="the training prompts (JSONL)")
+    ap.add_argument("--dev", type=Path, default=eval_file("dev.jsonl"), help="the held-out dev prompts (JSONL)")
+    ap.add_argument("--max-new-tokens", type=positive_int, default=64)
     ap.add_argument("--chat", action="store_true", help="prompts as user messages through the chat templates")
     ap.add_argument("--learned", action="store_true", help="only the dev match of the --state-dir's own adapter")
-    ap.add_argument("--lrs", default="1e-4,3e-4,1e-3")
-    ap.add_argument("--passes", type=int, default=2, help="epochs (without --online)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=8,
+    ap.add_argument("--lrs", type=float_list, default=(1e-4, 3e-4, 1e-3),
+                    help="learning rates, comma-separated (default 1e-4,3e-4,1e-3)")
+    ap.add_argument("--passes", type=positive_int, default=2, help="epochs (without --online)")
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--batch-size", type=positive_int, default=8,
                     help="samples per optimizer step (the app's LearnSettings.batch_size is 8)")
     ap.add_argument("--online", action="store_true",
                     help="turns arrive a few at a time, each learned at once (the app's schedule)")
-    ap.add_argument("--arrive", type=int,
+    ap.add_argument("--arrive", type=positive_int,
                     help="with --online: turns arriving between the learner's rests (default: --batch-size; "
                          "the app learns after each turn its user leaves time for: 1)")
-    ap.add_argument("--reviews", type=int, default=LearnSettings.reviews,
+    ap.add_argument("--reviews", type=non_negative_int, default=LearnSettings.reviews,
                     help="with --online: learned turns replayed per new turn (the learner's setting)")
     ap.add_argument("--lora-targets",
                     help="comma-separated module names the adapter adapts (default: AdapterStore's)")
-    ap.add_argument("--cache", type=Path, default=ROOT / ".test-cache/learning-sweep")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--cache", type=Path, default=repo_root() / ".test-cache/learning-sweep",
+                    help="where served replies are kept between runs")
+    ap.add_argument("--json", type=output_file, help="write the report here too")
     ap.add_argument("--state-dir", type=Path,
                     help="keep the last learning rate's adapter here (omnidraft-bench --state-dir runs with it)")
     ap.add_argument("--oracle", action="store_true",
                     help="train on the dev replies themselves: a ceiling on what learning can reach")
-    ap.add_argument("--replies", type=Path,
-                    help="an omnidraft-bench --json report on the dev prompts: its target replies")
-    ap.add_argument("--variants", type=int, default=0,
+    ap.add_argument("--replies", type=existing_file,
+                    help="an omnidraft-bench --json report on the dev prompts: its target replies "
+                         "(the same --chat mode and --max-new-tokens)")
+    ap.add_argument("--variants", type=non_negative_int, default=0,
                     help="also train on this many sampled replies per training prompt (each after its greedy one)")
-    ap.add_argument("--variant-temperature", type=float, default=0.7)
-    args = ap.parse_args()
+    ap.add_argument("--variant-temperature", type=positive_float, default=0.7)
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.learned and not args.state_dir:
+        ap.error("--learned needs a --state-dir that holds an adapter for the target")
+    if args.arrive is not None and not args.online:
+        ap.error("--arrive only with --online")
+    check_file(ap, "--dev", args.dev)
+    if not (args.learned or args.oracle):
+        check_file(ap, "--train", args.train)
+    args.reply_ids = None  # --replies' target replies, token ids per dev prompt
+    if args.replies:
+        try:
+            report = json.loads(args.replies.read_text())
+            args.reply_ids = report["outputs"]["target"]
+        except (ValueError, KeyError, TypeError):
+            ap.error(f"--replies: {args.replies} is not an omnidraft-bench report with target outputs")
+        if bool(report.get("chat")) != args.chat or report.get("max_new_tokens") != args.max_new_tokens:
+            ap.error("--replies needs a report of the same mode (--chat or not) and --max-new-tokens")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     with bench_home(args.state_dir):  # adapters and buffers of the sweep only; the model cache shared
         home = os.environ["OMNIDRAFT_HOME"]
         engine = Engine()
         engine.load_target(args.target, measure_baseline=False)
         # Before the dev prompts are served (minutes), not after.
-        if args.learned and not (args.state_dir and engine.adapters.has_saved(args.target)):
-            ap.error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
+        if args.learned and not engine.adapters.has_saved(args.target):
+            _parser().error(f"--learned needs a --state-dir that holds an adapter for {args.target}")
         tag = f"{args.target}-{args.max_new_tokens}{'-chat' * args.chat}"
-        replies = None
-        if args.replies:
-            report = json.loads(args.replies.read_text())
-            if bool(report.get("chat")) != args.chat or report["max_new_tokens"] != args.max_new_tokens:
-                ap.error("--replies needs a report of the same mode (--chat or not) and --max-new-tokens")
-            replies = report["outputs"]["target"]
+        replies = args.reply_ids
         dev = serve(engine, read_prompts(args.dev, None), args.max_new_tokens,
                     None if replies else args.cache / f"dev-{tag}.json", replies, chat=args.chat)
         if args.learned:  # nothing to train: the training prompts are not served
@@ -182,7 +220,7 @@ def main() -> int:
         if args.lora_targets:  # before the first adapter creates the peft model
             engine.adapters.targets = tuple(args.lora_targets.split(","))
         results = []
-        for lr in [float(x) for x in args.lrs.split(",")]:
+        for lr in args.lrs:
             engine.adapters.reset(args.target)
             buffer = ReplayBuffer(Path(home) / f"sweep-{lr}.bin", max_samples=len(train))
             learner = Learner(engine.drafter_model.model, engine.target.model, engine.bridge, buffer,

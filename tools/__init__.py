@@ -1,0 +1,20 @@
+"""Measurement tools: each runs as `.venv/bin/python -m omnidraft.tools.NAME ARGS`
+(`--help` says what it measures and how to run it). None is part of the app or
+the engine; they load the bundled models and time them, so run them on a quiet
+machine.
+
+  step_times          ms a forward of the target and the drafter, by tokens a forward
+  kernel_ab           a git revision's kernels against the working tree's: a drafter
+                      step, the target-shaped products (--gemm), a prompt read (--prompt)
+  attention_ab        a revision's kernels against the working tree's on a whole forward
+                      at growing context lengths, and whether the logits stay bit for bit
+  conversation_speed  a long conversation's speed turn by turn: plain, omnidraft, llama.cpp
+  reply_agreement     how alike two bench reports' replies are, method by method
+  learning_sweep      the learner's settings offline: how fast the drafter learns a target
+  speed_floor         memory bandwidth, the decoding floor it sets, CPU matmul kernels' costs
+  memory_soak         the engine worker's memory over a long session with learning on
+  gui_check           the real desktop app driven once: event-loop stalls, screenshots
+
+What they share (parsers, argument types, default prompt files, kernel builds)
+is in tools/common.py.
+"""
