@@ -35,19 +35,22 @@ from omnidraft.bench.runners import (
     BenchError,
     adapt_on,
     build_methods,
-    is_method,
+    close_methods,
+    draft_variant_arg,
     run_interleaved,
 )
 from omnidraft.core.engine import Engine, InputError
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, ModelError
 from omnidraft.core.storage import paths
 
+# Without --methods: every method that needs nothing beyond `make setup`.
+DEFAULT_METHODS = ("target", "hf", "uag", "omnidraft")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="omnidraft-bench",
         description="Tokens/s of this engine's plain and speculative decoding against "
-        "transformers generate() and Universal Assisted Generation.",
+        "transformers generate(), Universal Assisted Generation and llama.cpp's server.",
     )
     p.add_argument("--target", required=True, help="catalog id or model path (GGUF or HF folder)")
     p.add_argument("--prompts", required=True, type=Path, help='JSONL file, lines {"prompt": ...}')
@@ -58,15 +61,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--seed", type=int, default=0, help="sampling seed of prompt 0 (+i for prompt i)"
     )
     p.add_argument(
-        "--methods", default=",".join(METHODS),
-        help="comma list of " + ",".join(METHODS) + " and omnidraft-kN (omnidraft drafting exactly N tokens), "
-        "omnidraft-maxN (at most N), omnidraft-unpriced (without priced stops), "
-        "omnidraft-drawn (under sampling, drafts drawn from the drafter's distribution), "
-        "omnidraft-readN (the drafter reads at most N prompt tokens: the first and the last), "
-        "omnidraft-head4 / omnidraft-head8 (the drafter's LM head in 4 bits / int8), "
-        "omnidraft-vocabN (the drafter's 4-bit LM head over its first N token ids), "
-        "omnidraft-layersN (drafting with the drafter's first N layers), "
-        "omnidraft-untrained (drafting without what was learned for the target)",
+        "--methods", default=",".join(DEFAULT_METHODS),
+        help="comma list of " + ",".join(METHODS) + f" (default: {','.join(DEFAULT_METHODS)}; "
+        "the llamacpp ones need `make peers`)",
+    )
+    p.add_argument(
+        "--draft", action="append", default=[], type=draft_variant_arg, metavar="KEY=VALUE[,KEY=VALUE...]",
+        help="adds the method omnidraft[KEY=VALUE,...]: omnidraft with these settings (repeatable). Keys: "
+        "k (drafting exactly k tokens a step, 1-16), max_k (at most, 1-16), priced (0: without priced stops), "
+        "drawn (1: under sampling, drafts drawn from the drafter's distribution), "
+        "read (the drafter reads at most N prompt tokens: the first and the last, 1-4096), "
+        "head_bits (the drafter's LM head in 4 bits or int8: 4 or 8), "
+        "head_tokens (its LM head over its first N token ids, 256-65536), "
+        "layers (drafting with its first N layers, 1-99), q4k (1: its 4-bit weights on Q4_K's grid), "
+        "untrained (1: without what was learned for the target)",
     )
     p.add_argument(
         "--drafter",
@@ -107,7 +115,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "1: a user who leaves the learner time after every reply)",
     )
     args = p.parse_args(argv)
-    args.methods = _method_list(args.methods)
+    try:
+        args.methods = _method_list(args.methods, bool(args.draft))
+    except ValueError as exc:
+        p.error(str(exc))  # exit 2, with the usage line
+    args.draft = list({v.label: v for v in args.draft}.values())  # drop repeats, keep order
     if args.limit is not None and args.limit < 1:
         raise BenchError("--limit must be at least 1")
     if args.max_new_tokens < 1:
@@ -119,15 +131,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _method_list(text: str) -> list[str]:
+def _method_list(text: str, variants: bool) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if not is_method(m)]
-    if unknown or not names:
-        raise BenchError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHODS)} "
-                         "or omnidraft-kN / omnidraft-maxN (N from 1 to 16) or omnidraft-unpriced or omnidraft-drawn "
-                         "or omnidraft-readN (N from 1 to 4096) or omnidraft-head4 / omnidraft-head8 "
-                         "or omnidraft-vocabN (N from 256 to 65536) "
-                         "or omnidraft-layersN (N from 1 to 99) or omnidraft-untrained")
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        hint = ("; variants of omnidraft are settings: --draft KEY=VALUE[,KEY=VALUE...] (see --help)"
+                if any(m.startswith("omnidraft") for m in unknown) else "")
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}{hint}")
+    if not names and not variants:
+        raise ValueError("no method to run: --methods is empty and no --draft was given")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 
@@ -197,6 +209,13 @@ def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
     engine.load_target(args.target)
     engine.evaluating = True  # evaluation (warm-ups included) never teaches the engine
     methods, drafter = build_methods(args, engine, catalog)
+    try:
+        return measure(args, engine, drafter, methods, prompts)
+    finally:
+        close_methods(methods)
+
+
+def measure(args: argparse.Namespace, engine: Engine, drafter: str | None, methods: list, prompts: list[dict]) -> dict:
     train = read_prompts(args.adapt, None) if args.adapt else []
     load_before = load_average()
     start = time.perf_counter()
@@ -209,7 +228,7 @@ def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
     adapt = adapt_on(engine, train, args)
     engine.evaluating = True
     for m in methods:
-        m.outputs = []
+        m.outputs = []  # a method that failed before stays failed: it runs no more
     run_interleaved(methods, engine.target.model, prompts, args)
     report = build_report(args, engine, drafter, methods, prompts, time.perf_counter() - start, load_before)
     report["adapt"] = {
@@ -226,7 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(argv)
-        args.argv = argv
+    except SystemExit as exc:  # argparse's usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
+    except BenchError as exc:
+        print(f"omnidraft-bench: error: {exc}", file=sys.stderr)
+        return 2
+    args.argv = argv
+    try:
         # The user's catalog, resolved before the run's home replaces it, so
         # models they added are found by id.
         catalog = ModelCatalog(paths.data_dir() / "catalog.json")

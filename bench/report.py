@@ -12,7 +12,7 @@ import torch
 from omnidraft.bench.runners import Method, Output, prompt_ids
 from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnStats
-from omnidraft.core.models import int4
+from omnidraft.core.kernels.build import kernel_isa
 from omnidraft.core.models.loader import LoadedModel
 from omnidraft.core.models.quantize import streamed_bytes
 
@@ -35,7 +35,7 @@ def engine_totals(outputs: list[Output]) -> dict | None:
 
 
 def drafting_figures(engine: dict | None, turns: int) -> dict | None:
-    """What learning should move (issue 13 item 4), from an omnidraft method's
+    """What learning should move, from an omnidraft method's
     engine totals: acceptance overall and per source (the drafter's own
     proposals, prompt lookup's, and the drafter's n-gram-merged ones among
     them), target-space tokens proposed per verification step, and the stop
@@ -96,16 +96,58 @@ def decoding(outputs: list[Output]) -> dict | None:
             "first_token_s": sum(s.first_token_seconds for s in stats) / len(stats)}
 
 
+def peer_totals(outputs: list[Output]) -> dict | None:
+    """A peer's own accounting summed over the prompts (llama.cpp's server timings:
+    prompt_n/_ms, predicted_n/_ms, draft_n, draft_n_accepted), with its acceptance."""
+    timings = [o.peer for o in outputs if o.peer is not None]
+    if not timings:
+        return None
+    total: dict = {}
+    for t in timings:
+        for key, value in t.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+    if total.get("draft_n"):
+        total["acceptance_rate"] = total.get("draft_n_accepted", 0) / total["draft_n"]
+    return total
+
+
+def failed_summary(m: Method) -> dict:
+    """A method that raised: its error, how many prompts it finished, no figures
+    (a rate over the prompts before the failure would not compare)."""
+    return {
+        "failed": True,
+        "error": m.error,
+        "settings": m.settings,
+        "completed_prompts": len(m.outputs),
+        "tokens_per_s": None,
+        "speedup": None,
+        "acceptance_rate": None,
+        "tokens_per_step": None,
+        "new_tokens": sum(len(o.token_ids) for o in m.outputs),
+        "identical_to_target": None,
+        "drafting": None,
+        "decoding": None,
+        "engine": None,
+    }
+
+
 def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
+    if m.error is not None:
+        return failed_summary(m)
     new_tokens = sum(len(o.token_ids) for o in m.outputs)
     seconds = sum(o.seconds for o in m.outputs)
     forwards = sum(o.forwards for o in m.outputs)
     engine = engine_totals(m.outputs)
+    peer = peer_totals(m.outputs)
     proposed = engine["proposed"] if engine else 0
+    acceptance = engine["accepted"] / proposed if proposed else (peer or {}).get("acceptance_rate")
     return {
+        "failed": False,
+        "settings": m.settings,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else 0.0,
         "speedup": None,  # filled in once target's rate is known
-        "acceptance_rate": engine["accepted"] / proposed if proposed else None,
+        "acceptance_rate": acceptance,
         "tokens_per_step": new_tokens / forwards if forwards and m.forwards_reliable else None,
         "new_tokens": new_tokens,
         "seconds": seconds,
@@ -117,6 +159,7 @@ def summarize(m: Method, base: Method | None, greedy: bool) -> dict:
         "drafting": drafting_figures(engine, len(m.outputs)),
         "decoding": decoding(m.outputs),
         "engine": engine,
+        "peer": peer,
         "ms_per_step": ms_per_step(seconds, forwards if m.forwards_reliable else 0, engine),
     }
 
@@ -171,7 +214,7 @@ def machine_info(load_before: float | None) -> dict:
         "cores": machine_cores(),
         "cpu": platform.processor() or platform.machine(),
         # which build of the 4-bit kernels ran (avx512vnni, avx2; None: int8 only)
-        "kernel": int4.kernel_isa(),
+        "kernel": kernel_isa(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -179,12 +222,11 @@ def machine_info(load_before: float | None) -> dict:
     }
 
 
-def llamacpp_report(args: argparse.Namespace, by_name: dict) -> dict | None:
-    """The llama.cpp build that ran (version, flags, what it was compiled for)."""
-    if "llamacpp" not in args.methods:
+def llamacpp_report(methods: list[Method]) -> dict | None:
+    """The llama.cpp build that ran (release, build, flags, version); None when no
+    llamacpp method was asked for."""
+    if not any(m.name.startswith("llamacpp") for m in methods):
         return None
-    if "llamacpp" not in by_name:
-        return {"skipped": "the target is not a GGUF file, which llama.cpp needs"}
     from . import llamacpp
 
     return llamacpp.build_info()
@@ -202,10 +244,15 @@ def build_report(
     greedy = args.temperature <= 0
     by_name = {m.name: m for m in methods}
     base = by_name.get("target")
+    if base is not None and base.error is not None:
+        base = None  # nothing to compare with
+    ran = [m for m in methods if m.error is None]
     summary = {m.name: summarize(m, base, greedy) for m in methods}
     base_rate = summary["target"]["tokens_per_s"] if base else 0.0
     base_decoding = (summary["target"]["decoding"] or {}).get("tokens_per_s") if base else None
     for s in summary.values():
+        if s["failed"]:
+            continue
         s["speedup"] = s["tokens_per_s"] / base_rate if base_rate > 0 else None
         if s["decoding"] and base_decoding and s["decoding"]["tokens_per_s"]:
             s["decoding"]["speedup"] = s["decoding"]["tokens_per_s"] / base_decoding
@@ -213,7 +260,7 @@ def build_report(
     if greedy and base:
         diverged = {
             m.name: divergences(m, base, engine.target, prompts, args.chat)
-            for m in methods
+            for m in ran
             if m is not base
         }
     spec = summary.get("omnidraft")
@@ -222,7 +269,7 @@ def build_report(
         "target_id": engine.target.entry.id,
         "drafter": drafter,
         "drafter_runtime": (
-            engine.drafter_description if "omnidraft" in by_name else None
+            engine.drafter_description if any(m.name.startswith("omnidraft") for m in ran) else None
         ),
         "dtype": args.dtype,
         "target_int8": engine.target.int8,
@@ -238,7 +285,10 @@ def build_report(
         "divergences": diverged.get("omnidraft", []),
         "divergences_by_method": diverged,
         "chat": args.chat,
-        "llamacpp": llamacpp_report(args, by_name),
+        "llamacpp": llamacpp_report(methods),
+        # Each method's settings (a --draft variant's keys, a peer's flags) and, for
+        # one that raised, its error: {type, message, prompt_index, where}.
+        "errors": {m.name: m.error for m in methods if m.error is not None},
         "outputs": {m.name: [o.token_ids for o in m.outputs] for m in methods},
         # What was generated, readable: anyone can check the replies, not only time them.
         "texts": {
@@ -265,7 +315,7 @@ def format_adapt(adapt: dict) -> str:
     for name, after in adapt["after"].items():
         b = adapt["before"][name]
         lines.append(
-            f"{name:<10} {b['tokens_per_s']:>13.2f} {after['tokens_per_s']:>12.2f} "
+            f"{name:<10} {_cell(b['tokens_per_s'], '.2f'):>13} {_cell(after['tokens_per_s'], '.2f'):>12} "
             f"{_cell(b['speedup'], '.2f'):>9} {_cell(after['speedup'], '.2f'):>8} "
             f"{_cell(b['acceptance_rate'], '.3f'):>14} {_cell(after['acceptance_rate'], '.3f'):>13} "
             f"{_cell((b.get('decoding') or {}).get('speedup'), '.2f'):>18} "
@@ -292,10 +342,17 @@ def format_table(report: dict) -> str:
     )
     lines = [head, cols]
     n = report["prompts"]
+    width = max([10, *(len(name) for name in report["methods"])])
+    lines[1] = f"{'method':<{width}}" + cols[len("method".ljust(10)):]
     for name, s in report["methods"].items():
+        if s["failed"]:
+            e = s["error"]
+            where = "warm-up" if e["prompt_index"] is None else f"prompt {e['prompt_index'] + 1}"
+            lines.append(f"{name:<{width}} FAILED at {where}: {e['type']}: {e['message']}"[:300])
+            continue
         same = s["identical_to_target"]
         lines.append(
-            f"{name:<10} {s['tokens_per_s']:>9.2f} {_cell(s['speedup'], '.2f') + 'x':>8} "
+            f"{name:<{width}} {s['tokens_per_s']:>9.2f} {_cell(s['speedup'], '.2f') + 'x':>8} "
             f"{_cell(s['acceptance_rate'], '.3f'):>7} {_cell(s['tokens_per_step'], '.2f'):>9} "
             f"{s['new_tokens']:>8} {s['seconds']:>8.2f} "
             f"{'-' if same is None else f'{round(same * n)}/{n}':>15} "

@@ -5,53 +5,60 @@
   uag        transformers assisted generation with the drafter as assistant_model
              (Universal Assisted Generation when the vocabularies differ)
   omnidraft  this engine's speculative decoding (Engine.complete(..., speculative=True))
-  omnidraft-kN  the same, drafting exactly N drafter tokens per drafter step (no
-             stop rule: neither the confidence nor the acceptance head cuts a
-             draft short), the fixed draft lengths adaptive drafting must beat
-  omnidraft-maxN  the engine's stop rules with at most N drafter tokens per step
-  omnidraft-unpriced  the engine's drafting without priced stops (DraftPrices):
-             the fixed confidence rule they replace
-  omnidraft-drawn  under sampling, drafts drawn from the drafter's distribution
-             (accepted with min(1, p/q')) instead of its most likely tokens (point
-             masses accepted with the target's p(t)), as omnidraft drafted until Dec 6
-  omnidraft-readN  the drafter reads at most N of the prompt's tokens: its first and
-             the most recent (1 to 4096)
-  omnidraft-head4, omnidraft-head8  the drafter's LM head in 4 bits (the default
-             beside 4-bit layers) or int8, over the default head's token ids: what
-             a drafted token costs against what it drafts (docs/drafter.md)
-  omnidraft-vocabN  the drafter's 4-bit LM head over its first N token ids (256 to
-             65536; the default 32,768, DraftSettings.head_tokens; BPE ids run
-             roughly by frequency): fewer bytes a drafted token against the
-             proposals above N it cannot make
-  omnidraft-layersN  drafting with the drafter's first N layers only (then its final
-             norm and LM head), untrained for it; refused while an adapter is loaded
-  omnidraft-q4k  the drafter's 4-bit layers and head rounded onto Q4_K's grid (4.5
-             bits a weight) instead of its file's Q4_1 (5): fewer bytes a drafted
-             token against a coarser drafter; refused while an adapter is loaded
-  omnidraft-untrained  omnidraft as a fresh install drafts for the target: a drafter
-             of its own on the shipped weights, without the learned adapter,
-             acceptance head, n-gram merges and drafting state; beside omnidraft
-             on a --state-dir's learned state, what learning gave in one run
-             (docs/learning.md)
-  llamacpp   llama.cpp's own plain greedy decoding of the same GGUF file (bench/llamacpp.py)
+  llamacpp, llamacpp-ngram, llamacpp-draft
+             llama.cpp's server on the same GGUF file: plain, with prompt-lookup
+             (n-gram) speculation, and with a same-family draft model (bench/llamacpp.py)
+
+Variants of omnidraft are not methods of their own name but settings (DraftVariant,
+`--draft KEY=VALUE,...`), each run as the method `omnidraft[KEY=VALUE,...]`:
+
+  k=N        drafting exactly N drafter tokens per drafter step (1 to 16; no stop
+             rule: neither the confidence nor the acceptance head cuts a draft short),
+             the fixed draft lengths adaptive drafting must beat
+  max_k=N    the engine's stop rules with at most N drafter tokens per step
+  priced=0   drafting without priced stops (DraftPrices): the fixed confidence rule
+             they replace
+  drawn=1    under sampling, drafts drawn from the drafter's distribution (accepted
+             with min(1, p/q')) instead of its most likely tokens (point masses
+             accepted with the target's p(t))
+  read=N     the drafter reads at most N of the prompt's tokens: its first and the
+             most recent (1 to 4096)
+  head_bits=4|8  the drafter's LM head in 4 bits (the default beside 4-bit layers)
+             or int8: what a drafted token costs against what it drafts
+  head_tokens=N  the drafter's LM head over its first N token ids (256 to 65536;
+             the default 32,768, DraftSettings.head_tokens; BPE ids run roughly by
+             frequency): fewer bytes a drafted token against the proposals above N
+             it cannot make; in 4 bits unless head_bits says otherwise
+  layers=N   drafting with the drafter's first N layers only (then its final norm
+             and LM head), untrained for it; refused while an adapter is loaded
+  q4k=1      the drafter's 4-bit layers and head rounded onto Q4_K's grid (4.5 bits
+             a weight) instead of its file's Q4_1 (5); refused while an adapter is loaded
+  untrained=1  omnidraft as a fresh install drafts for the target: a drafter of its
+             own on the shipped weights, without the learned adapter, acceptance
+             head, n-gram merges and drafting state; beside omnidraft on a
+             --state-dir's learned state, what learning gave in one run
+
+Settings combine (`--draft k=3,head_bits=8`), but for k with max_k or priced.
 
 Every method is timed with the same wall clock around one whole call, prompt text
 in, token ids out; methods run interleaved prompt by prompt so machine drift hits
-all alike. tokens_per_step is new tokens per target forward call (prompt forward
-included), counted by a hook on the target's input embeddings: one definition for
-the engine and for transformers, so the peers compare. Plain decoding gives 1.0.
+all alike. A method that raises is recorded with its error and left out of the
+rest of the run; the others go on. tokens_per_step is new tokens per target
+forward call (prompt forward included), counted by a hook on the target's input
+embeddings: one definition for the engine and for transformers, so the peers
+compare. Plain decoding gives 1.0.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import re
 import sys
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -61,16 +68,17 @@ from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.engine_api import EngineAPI
 from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.kernels.layouts import Q4_K
 from omnidraft.core.learning.acceptance_head import AcceptanceHead
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog
 from omnidraft.core.models.chat_format import encode_chat, stop_token_ids
-from omnidraft.core.models.int4 import Q4_K
 from omnidraft.core.models.lean_llama import DraftLinear, LeanLlama
 from omnidraft.core.models.loader import LoadedModel, load, source_path
 
-METHODS = ("target", "hf", "uag", "omnidraft", "llamacpp")
+PEERS = ("llamacpp", "llamacpp-ngram", "llamacpp-draft")
+METHODS = ("target", "hf", "uag", "omnidraft", *PEERS)
 # "int4": bf16 with a GGUF's Q4_K layers in 4 bits and the rest int8 (the app's default,
-# core/models/int4.py); "int8": every large linear layer int8 (core/models/quantize.py).
+# core/kernels/); "int8": every large linear layer int8 (core/models/quantize.py).
 DTYPES = {"int4": torch.bfloat16, "int8": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # A neutral warm-up text: the engine may learn from what it decodes, and the
 # warm-up must not hand it a benchmark prompt's continuation in advance.
@@ -78,50 +86,110 @@ WARMUP_PROMPT = "The quick brown fox"
 WARMUP_TOKENS = 4
 
 
-FIXED_LENGTH = re.compile(r"omnidraft-k([1-9]|1[0-6])")
-CAPPED_LENGTH = re.compile(r"omnidraft-max([1-9]|1[0-6])")
-UNPRICED = "omnidraft-unpriced"
-DRAWN = "omnidraft-drawn"  # under sampling: drafts drawn from the drafter's distribution
-HEAD_BITS = {"omnidraft-head4": 4, "omnidraft-head8": 8}
-HEAD_ROWS = re.compile(r"omnidraft-vocab([1-9][0-9]{2,4})")  # 100 to 99999; 256 to 65536 taken
-LAYERS = re.compile(r"omnidraft-layers([1-9][0-9]?)")  # 1 to 99
-Q4K_DRAFTER = "omnidraft-q4k"
-PROMPT_READ = re.compile(r"omnidraft-read([1-9][0-9]{0,3})")  # 1 to 4096
-UNTRAINED = "omnidraft-untrained"
-
-
-def fixed_length(name: str) -> int | None:
-    """N for a method named omnidraft-kN (1 to 16), else None."""
-    match = FIXED_LENGTH.fullmatch(name)
-    return int(match.group(1)) if match else None
-
-
-def draft_overrides(name: str) -> dict | None:
-    """The engine's draft settings a drafting variant swaps in (None: not a variant)."""
-    if (k := fixed_length(name)) is not None:
-        return {"k": k, "min_confidence": 0.0, "gamma": None, "priced": False}
-    if match := CAPPED_LENGTH.fullmatch(name):
-        return {"k": int(match.group(1))}
-    if (match := PROMPT_READ.fullmatch(name)) and int(match.group(1)) <= 4096:
-        return {"prompt_tokens": int(match.group(1))}
-    if name == DRAWN:
-        return {"draw_drafts": True}
-    return {"priced": False} if name == UNPRICED else None
-
-
-def head_rows(name: str) -> int | None:
-    """N for a method named omnidraft-vocabN (256 to 65536), else None."""
-    match = HEAD_ROWS.fullmatch(name)
-    return int(match.group(1)) if match and 256 <= int(match.group(1)) <= 65536 else None
-
-
-def is_method(name: str) -> bool:
-    return (name in METHODS or name in HEAD_BITS or name in (Q4K_DRAFTER, UNTRAINED) or head_rows(name) is not None
-            or LAYERS.fullmatch(name) is not None or draft_overrides(name) is not None)
-
-
 class BenchError(Exception):
     """A problem with the command line or the inputs; printed without a traceback."""
+
+
+# KEY: (lowest, highest) for the integer settings, (0, 1) for the flags.
+DRAFT_KEYS = {
+    "k": (1, 16), "max_k": (1, 16), "priced": (0, 1), "drawn": (0, 1), "read": (1, 4096),
+    "head_bits": (4, 8), "head_tokens": (256, 65536), "layers": (1, 99), "q4k": (0, 1), "untrained": (0, 1),
+}
+FLAGS = ("priced", "drawn", "q4k", "untrained")
+
+
+@dataclass(frozen=True)
+class DraftVariant:
+    """One `--draft KEY=VALUE,...`: the settings omnidraft runs with as a method of
+    its own. None: the engine's own setting. `given` keeps the keys in the order
+    the user wrote them, for the method's label."""
+
+    k: int | None = None
+    max_k: int | None = None
+    priced: bool | None = None
+    drawn: bool | None = None
+    read: int | None = None
+    head_bits: int | None = None
+    head_tokens: int | None = None
+    layers: int | None = None
+    q4k: bool = False
+    untrained: bool = False
+    given: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> DraftVariant:
+        """`k=3,head_bits=8` -> DraftVariant(k=3, head_bits=8); ValueError says what is wrong."""
+        values: dict = {}
+        for part in text.split(","):
+            key, sep, raw = (x.strip() for x in part.partition("="))
+            if not sep or not key or not raw:
+                raise ValueError(f"{part.strip()!r} is not KEY=VALUE")
+            if key not in DRAFT_KEYS:
+                raise ValueError(f"unknown key {key!r}; keys: {', '.join(DRAFT_KEYS)}")
+            if key in values:
+                raise ValueError(f"{key} given twice")
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ValueError(f"{key}={raw}: not an integer") from None
+            low, high = DRAFT_KEYS[key]
+            if key == "head_bits" and value not in (4, 8):
+                raise ValueError("head_bits must be 4 or 8")
+            if not low <= value <= high:
+                raise ValueError(f"{key} must be {'0 or 1' if key in FLAGS else f'from {low} to {high}'}, not {value}")
+            values[key] = bool(value) if key in FLAGS else value
+        if "k" in values and "max_k" in values:
+            raise ValueError("k (a fixed draft length) and max_k (a cap on the stop rules' length) exclude each other")
+        if "k" in values and values.get("priced"):
+            raise ValueError("k drafts a fixed length without stop rules: priced=1 does not apply")
+        return cls(**values, given=tuple(values))
+
+    @property
+    def settings(self) -> dict:
+        """The keys given, with their values as written (flags as 0/1)."""
+        return {key: int(getattr(self, key)) for key in self.given}
+
+    @property
+    def label(self) -> str:
+        return "omnidraft[" + ",".join(f"{k}={v}" for k, v in self.settings.items()) + "]"
+
+    def draft_overrides(self) -> dict:
+        """The engine's DraftSettings fields this variant swaps in for a call."""
+        out: dict = {}
+        if self.k is not None:  # no stop rule cuts a fixed-length draft short
+            out |= {"k": self.k, "min_confidence": 0.0, "gamma": None, "priced": False}
+        if self.max_k is not None:
+            out["k"] = self.max_k
+        if self.priced is not None and self.k is None:
+            out["priced"] = self.priced
+        if self.read is not None:
+            out["prompt_tokens"] = self.read
+        if self.drawn is not None:
+            out["draw_drafts"] = self.drawn
+        return out
+
+    def net_args(self) -> dict:
+        """LeanLlama arguments of another build of the drafter's net (none: its own)."""
+        return ({"num_layers": self.layers} if self.layers is not None else {}) | (
+            {"layout": Q4_K} if self.q4k else {})
+
+
+def draft_variant_arg(text: str) -> DraftVariant:
+    """argparse type of --draft: a bad key or value is a usage error (exit 2)."""
+    try:
+        return DraftVariant.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def error_record(exc: BaseException, prompt_index: int | None) -> dict:
+    """What the report keeps of a method's failure: enough to find it again."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "prompt_index": prompt_index,  # None: it failed in its warm-up, before any prompt
+        "where": "".join(traceback.format_exception(exc)[-3:]).strip()[-2000:],
+    }
 
 
 @dataclass
@@ -132,9 +200,12 @@ class Output:
     seconds: float  # wall clock around the whole call
     forwards: int  # target forward calls, prompt forward included
     stats: TurnStats | None = None  # the engine's own accounting (engine methods only)
+    peer: dict | None = None  # a peer's own accounting (llama.cpp's server timings)
 
 
-Runner = Callable[[str, GenerationConfig], tuple[list[int], TurnStats | None]]
+# A runner returns the token ids and its own accounting: the engine's TurnStats,
+# a peer's dict, or None.
+Runner = Callable[[str, GenerationConfig], tuple[list[int], TurnStats | dict | None]]
 
 
 @dataclass
@@ -145,6 +216,12 @@ class Method:
     outputs: list[Output] = field(default_factory=list)
     # A method that does not run the torch target counts its own forwards here.
     own_forwards: list[int] | None = None
+    # What it ran with, into the report: a DraftVariant's keys, a peer's flags.
+    settings: dict = field(default_factory=dict)
+    # Set when it raised (error_record); it then runs no further prompt.
+    error: dict | None = None
+    # Stops what it started (a peer's server); called once the run is over.
+    close: Callable[[], None] | None = None
 
 
 def as_chat(prompt: str) -> list[dict]:
@@ -246,80 +323,63 @@ def own_policy(engine: Engine, run: Runner, policy: DraftPolicy | None = None) -
     return wrapped
 
 
-def variant_runner(engine: Engine, overrides: dict, chat: bool = False) -> Runner:
-    """omnidraft with some of the engine's draft settings swapped for the call
-    (draft_overrides) and restored after."""
+def variant_runner(engine: Engine, variant: DraftVariant, chat: bool = False) -> Runner:
+    """omnidraft with a DraftVariant's settings swapped into the engine for each call
+    and the engine's own restored after, each part on what the part before left:
+    untrained, the engine's drafter (with its adapter, acceptance head and n-gram
+    merges) replaced by one of its own on the shipped weights; layers / q4k, that
+    drafter's net replaced by another build; head_bits / head_tokens, that net's LM
+    head replaced; last, the draft settings (DraftVariant.draft_overrides). Every
+    variant learns a drafting policy of its own (own_policy): sharing the engine's,
+    a variant that drafts worse taught omnidraft to draft less."""
     speculative = engine_runner(engine, True, chat)
-
-    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        with swapped(engine.draft_settings, **overrides):
-            return speculative(prompt, cfg)
-
-    return run
-
-
-def head_runner(engine: Engine, bits: int, chat: bool = False, rows: int | None = None) -> Runner:
-    """omnidraft with the drafter's LM head in `bits` (4 or 8) over its first
-    `rows` token ids (None: as many as the engine's own head) for the call, its
-    own head restored after."""
-    speculative = engine_runner(engine, True, chat)
-    head: list[DraftLinear] = []  # built on the first call, once the drafter is loaded
-
-    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        net = engine.drafter.net
-        if not head:
-            weight = engine.drafter_model.model.get_output_embeddings().weight
-            kept = rows or net.head.out_features  # head4 / head8: as many ids as the drafter's own head
-            head.append(DraftLinear(weight[:kept].detach().to(net.dtype).contiguous(), None, True, bits == 4))
-        with swapped(net, head=head[0]):
-            return speculative(prompt, cfg)
-
-    return run
-
-
-def other_drafter_runner(engine: Engine, name: str, chat: bool = False, **net_args) -> Runner:
-    """omnidraft drafting through another build of the drafter's net (LeanLlama's
-    net_args, e.g. num_layers) for the call, its own net restored after."""
-    speculative = engine_runner(engine, True, chat)
-    other: list[LeanLlama] = []  # built on the first call, once the drafter is loaded
-
-    def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        drafter = engine.drafter
-        if drafter.adapter_rank is not None:
-            raise BenchError(f"{name} drafts without the target's adapter; run it before any learning")
-        if not other:
-            full = drafter.net
-            other.append(LeanLlama(engine.drafter_model.model, max_len=full.max_len, int8=full.int8,
-                                   int4=full.int4, head_rows=full.head.out_features, **net_args))
-        drafter.forget_context()  # the drafter's context lives in its net's cache: empty it on each swap
-        with swapped(drafter, net=other[0]):
-            try:
-                return speculative(prompt, cfg)
-            finally:
-                drafter.forget_context()
-
-    return run
-
-
-def untrained_runner(engine: Engine, chat: bool = False) -> Runner:
-    """omnidraft without what the engine learned for its target: a drafter of its
-    own on the shipped weights (no adapter) with a fresh acceptance head, no n-gram
-    merges and a fresh drafting policy (own_policy), swapped in for the call. Its
-    own drafter keeps its own cache, so like omnidraft it reads only what a prompt
-    does not share with the previous one; swapping an adapter out of the engine's
-    drafter and back would cost each call the adapter's merge and a whole prompt read."""
-    speculative = engine_runner(engine, True, chat)
+    overrides = variant.draft_overrides()
+    net_args = variant.net_args()
     own: list[Drafter] = []  # built on the first call, once the engine's drafter is loaded
+    nets: dict[int, LeanLlama] = {}  # id(the net it replaces) -> another build of it
+    heads: dict[int, DraftLinear] = {}  # id(the net it goes into) -> the head
+
+    def other_net(drafter: Drafter) -> LeanLlama:
+        full = drafter.net
+        if id(full) not in nets:
+            nets[id(full)] = LeanLlama(engine.drafter_model.model, max_len=full.max_len, int8=full.int8,
+                                       int4=full.int4, head_rows=full.head.out_features, **net_args)
+        return nets[id(full)]
+
+    def head(net: LeanLlama) -> DraftLinear:
+        if id(net) not in heads:
+            weight = engine.drafter_model.model.get_output_embeddings().weight
+            rows = variant.head_tokens or net.head.out_features  # head_bits alone: as many ids as its own head
+            bits = variant.head_bits or 4
+            heads[id(net)] = DraftLinear(weight[:rows].detach().to(net.dtype).contiguous(), None, True, bits == 4)
+        return heads[id(net)]
 
     def run(prompt: str, cfg: GenerationConfig) -> tuple[list[int], TurnStats | None]:
-        if not own:
-            drafter = Drafter(engine.drafter_model, engine.draft_settings, max_len=engine.drafter.max_len)
-            drafter.head = AcceptanceHead(engine.drafter_model.model.config.hidden_size)
-            own.append(drafter)
-        with swapped(engine, drafter=own[0]), swapped(engine.bridge.cache, entries=OrderedDict()):
+        with ExitStack() as stack:
+            if variant.untrained:
+                if not own:
+                    drafter = Drafter(engine.drafter_model, engine.draft_settings, max_len=engine.drafter.max_len)
+                    drafter.head = AcceptanceHead(engine.drafter_model.model.config.hidden_size)
+                    own.append(drafter)
+                # Its own drafter keeps its own cache, so like omnidraft it reads only
+                # what a prompt does not share with the previous one.
+                stack.enter_context(swapped(engine, drafter=own[0]))
+                stack.enter_context(swapped(engine.bridge.cache, entries=OrderedDict()))
+            drafter = engine.drafter
+            if net_args:
+                if drafter.adapter_rank is not None:
+                    raise BenchError(f"{variant.label} drafts without the target's adapter; run it before any learning")
+                # The drafter's context lives in its net's cache: empty it on each swap.
+                drafter.forget_context()
+                stack.enter_context(swapped(drafter, net=other_net(drafter)))
+                stack.callback(drafter.forget_context)  # runs before the net is swapped back
+            if variant.head_bits is not None or variant.head_tokens is not None:
+                net = drafter.net
+                stack.enter_context(swapped(net, head=head(net)))
+            stack.enter_context(swapped(engine.draft_settings, **overrides))
             return speculative(prompt, cfg)
 
-    return own_policy(engine, run, DraftPolicy())
+    return own_policy(engine, run, DraftPolicy() if variant.untrained else None)
 
 
 def hf_runner(target: LoadedModel, assistant: LoadedModel | None = None, chat: bool = False) -> Runner:
@@ -412,7 +472,10 @@ def timed(method: Method, target_model, prompt: str, cfg: GenerationConfig) -> O
         start = time.perf_counter()
         ids, stats = method.run(prompt, cfg)
         seconds = time.perf_counter() - start
-    return Output(ids, seconds, calls[0] - before if calls else hooked[0], stats)
+    forwards = calls[0] - before if calls else hooked[0]
+    if isinstance(stats, dict):
+        return Output(ids, seconds, forwards, None, stats)
+    return Output(ids, seconds, forwards, stats)
 
 
 def prompt_config(args: argparse.Namespace, index: int) -> GenerationConfig:
@@ -422,34 +485,73 @@ def prompt_config(args: argparse.Namespace, index: int) -> GenerationConfig:
 
 
 def warm_up(method: Method) -> None:
-    """One short untimed generation: first-call overheads (allocations, lazy init) stay out.
-
-    It is also where a method that cannot run here fails, before any timing.
-    """
+    """One short untimed generation: first-call overheads (allocations, lazy init)
+    stay out. It is also where a method that cannot run here fails, before any
+    timing: recorded on the method, which then takes no part in the run."""
+    if method.error is not None:
+        return
     try:
         method.run(WARMUP_PROMPT, GenerationConfig(max_new_tokens=WARMUP_TOKENS))
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        raise BenchError(f"method '{method.name}' cannot run: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any failure is the method's, recorded
+        fail(method, exc, None)
+
+
+def fail(method: Method, exc: BaseException, prompt_index: int | None) -> None:
+    method.error = error_record(exc, prompt_index)
+    where = "in its warm-up" if prompt_index is None else f"on prompt {prompt_index + 1}"
+    print(f"method '{method.name}' failed {where}: {type(exc).__name__}: {exc}; the others go on",
+          file=sys.stderr, flush=True)
 
 
 def run_interleaved(
     methods: list[Method], target_model, prompts: list[dict], args: argparse.Namespace
 ) -> None:
-    """For each prompt, each method in turn, so drift of the machine hits all alike."""
+    """For each prompt, each method in turn, so drift of the machine hits all alike.
+    A method that raises is recorded as failed and skipped from then on."""
     for i, row in enumerate(prompts):
         cfg = prompt_config(args, i)
         line = []
         for m in methods:
-            out = timed(m, target_model, row["prompt"], cfg)
+            if m.error is not None:
+                continue
+            try:
+                out = timed(m, target_model, row["prompt"], cfg)
+            except Exception as exc:  # noqa: BLE001 - any failure is the method's, recorded
+                fail(m, exc, i)
+                line.append(f"{m.name} failed")
+                continue
             m.outputs.append(out)
             line.append(f"{m.name} {len(out.token_ids)} tok {out.seconds:.2f} s")
         print(f"prompt {i + 1}/{len(prompts)}: " + ", ".join(line), file=sys.stderr, flush=True)
 
 
+def close_methods(methods: list[Method]) -> None:
+    """Stop what the methods started (llama.cpp's servers); a failure to stop is no reason to lose the report."""
+    for m in methods:
+        if m.close is not None:
+            try:
+                m.close()
+            except Exception as exc:  # noqa: BLE001
+                print(f"method '{m.name}': stopping it failed: {exc}", file=sys.stderr, flush=True)
+
+
+def building(name: str, make: Callable[[], Method]) -> Method:
+    """make() a method; one that cannot even be built is a failed method of the run."""
+    try:
+        return make()
+    except BenchError:
+        raise  # a usage problem (a peer not installed): the whole run stops, naming it
+    except Exception as exc:  # noqa: BLE001
+        method = Method(name, lambda *_: ([], None))
+        fail(method, exc, None)
+        return method
+
+
 def build_methods(
     args: argparse.Namespace, engine: EngineAPI, catalog: ModelCatalog
 ) -> tuple[list[Method], str | None]:
-    """Runners in the order asked, warmed up; uag last so a lazily loaded drafter exists."""
+    """Runners in the order asked (then the --draft variants), warmed up; uag last
+    so a lazily loaded drafter exists."""
     made: dict[str, Method] = {}
     if "target" in args.methods:
         made["target"] = Method("target", engine_runner(engine, False, args.chat))
@@ -457,22 +559,9 @@ def build_methods(
         made["hf"] = Method("hf", hf_runner(engine.target, chat=args.chat))
     if "omnidraft" in args.methods:
         made["omnidraft"] = Method("omnidraft", engine_runner(engine, True, args.chat))
-    for name in args.methods:
-        run = None
-        if (overrides := draft_overrides(name)) is not None:
-            run = variant_runner(engine, overrides, args.chat)
-        elif name in HEAD_BITS:
-            run = head_runner(engine, HEAD_BITS[name], args.chat)
-        elif (rows := head_rows(name)) is not None:
-            run = head_runner(engine, 4, args.chat, rows)
-        elif match := LAYERS.fullmatch(name):
-            run = other_drafter_runner(engine, "omnidraft-layersN", args.chat, num_layers=int(match.group(1)))
-        elif name == Q4K_DRAFTER:
-            run = other_drafter_runner(engine, name, args.chat, layout=Q4_K)
-        elif name == UNTRAINED:
-            made[name] = Method(name, untrained_runner(engine, args.chat))
-        if run is not None:
-            made[name] = Method(name, own_policy(engine, run))
+    for variant in args.draft:
+        made[variant.label] = Method(variant.label, variant_runner(engine, variant, args.chat),
+                                     settings=variant.settings)
     drafting = [m for m in made.values() if m.name.startswith("omnidraft")]
     for m in made.values():
         warm_up(m)
@@ -481,32 +570,51 @@ def build_methods(
     # The drafter is named only when a method used it (the engine may load one anyway).
     drafter = engine.drafter_model.entry if engine.drafter_model is not None else None
     name = drafter.name if drafter and drafting else None
-    if "llamacpp" in args.methods and (peer := llamacpp_method(engine, args)) is not None:
-        made["llamacpp"] = peer
+    for peer in PEERS:
+        if peer in args.methods and (method := building(peer, lambda p=peer: llamacpp_method(p, engine, catalog, args))):
+            made[peer] = method
+            warm_up(method)
     if "uag" in args.methods:
-        assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
-        made["uag"] = Method("uag", hf_runner(engine.target, assistant, args.chat))
+        def make_uag() -> Method:
+            assistant = uag_drafter(engine, DTYPES[args.dtype], catalog, args.drafter)
+            method = Method("uag", hf_runner(engine.target, assistant, args.chat))
+            method.settings = {"assistant": assistant.entry.name}
+            return method
+
+        made["uag"] = building("uag", make_uag)
         warm_up(made["uag"])
-        name = name or assistant.entry.name
-    return [made[m] for m in args.methods if m in made], name
+        name = name or made["uag"].settings.get("assistant")
+    order = [*args.methods, *(v.label for v in args.draft)]
+    return [made[m] for m in order if m in made], name
 
 
-def llamacpp_method(engine: EngineAPI, args: argparse.Namespace) -> Method | None:
-    """llama.cpp on the target's own GGUF file; None (the report says why) when the
-    target is not a GGUF file. Missing llama.cpp is an error naming `make peers`."""
+def llamacpp_method(name: str, engine: EngineAPI, catalog: ModelCatalog, args: argparse.Namespace) -> Method:
+    """llama.cpp's server on the target's own GGUF file (bench/llamacpp.py).
+    Missing llama.cpp is an error naming `make peers`."""
     from . import llamacpp
 
     target = engine.target
     gguf = source_path(target.entry)
     if gguf.suffix.lower() != ".gguf":
-        return None
+        raise ValueError(f"{name} needs a GGUF target; {target.entry.name} is read from {gguf.name}")
     if llamacpp.build_info() is None:
         raise BenchError(llamacpp.INSTALL_HINT)
+    draft = None
+    if name == "llamacpp-draft":
+        draft_id = llamacpp.DRAFT_MODELS.get(target.entry.id)
+        if draft_id is None:
+            raise ValueError(f"no same-family draft model for {target.entry.id} "
+                             f"(known: {', '.join(llamacpp.DRAFT_MODELS) or 'none'})")
+        draft = source_path(catalog.get(draft_id))
     stops = stop_token_ids(target.tokenizer, target.model)
-    run, calls = llamacpp.runner(gguf, target.tokenizer, stops, args.chat, torch.get_num_threads())
-    method = Method("llamacpp", run, own_forwards=calls)
-    warm_up(method)
-    return method
+    server = llamacpp.Server(gguf, llamacpp.MODES[name], torch.get_num_threads(), draft)
+    try:
+        server.start()
+        run, calls = llamacpp.runner(server, target.tokenizer, stops, args.chat)
+    except BaseException:
+        server.stop()
+        raise
+    return Method(name, run, own_forwards=calls, settings=server.settings(), close=server.stop)
 
 
 def adapt_on(engine: Engine, train: list[dict], args: argparse.Namespace) -> dict:

@@ -107,22 +107,26 @@ def test_chat_prompts_go_through_the_chat_template(tiny_target, prompts_file, tm
 
 
 def _drafting_variants(tiny_target, prompts_file, tmp_path, variants: list[str]) -> dict:
-    """The report of target, the variants and omnidraft (fp32: exact), after
-    checking every variant decoded plain decoding's tokens and drafted."""
+    """The report of target, omnidraft and the variants (--draft each; fp32:
+    exact), after checking every variant decoded plain decoding's tokens and drafted."""
     out = tmp_path / "bench.json"
+    drafts = [a for v in variants for a in ("--draft", v)]
     assert _run(["--target", tiny_target, "--prompts", prompts_file, "--max-new-tokens", 12,
-                 "--methods", ",".join(["target", *variants, "omnidraft"]), "--dtype", "fp32",
-                 "--json", out]) == 0  # fmt: skip
+                 "--methods", "target,omnidraft", *drafts, "--dtype", "fp32", "--json", out]) == 0  # fmt: skip
     report = json.loads(out.read_text())
-    for name in variants:
+    assert list(report["methods"]) == ["target", "omnidraft", *(f"omnidraft[{v}]" for v in variants)]
+    for v in variants:
+        name = f"omnidraft[{v}]"
         assert report["outputs"][name] == report["outputs"]["target"] == report["outputs"]["omnidraft"]
         assert report["methods"][name]["engine"]["proposed"] > 0
+        assert report["methods"][name]["settings"] == runners.DraftVariant.parse(v).settings
     return report
 
 
 def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, prompts_file, tmp_path):
-    report = _drafting_variants(tiny_target, prompts_file, tmp_path, ["omnidraft-k1", "omnidraft-k3"])
-    for name, k in (("omnidraft-k1", 1), ("omnidraft-k3", 3)):
+    report = _drafting_variants(tiny_target, prompts_file, tmp_path, ["k=1", "k=3"])
+    for name, k in (("omnidraft[k=1]", 1), ("omnidraft[k=3]", 3)):
+        assert report["methods"][name]["settings"] == {"k": k}
         e = report["methods"][name]["engine"]
         drafter_steps = e["steps"] - report["prompts"] - e["lookup_steps"]  # each prompt's first forward reads it
         drafted = e["proposed"] - e["lookup_proposed"]  # same vocabulary: drafter tokens = target tokens
@@ -135,13 +139,48 @@ def test_fixed_draft_lengths_draft_exactly_k_and_change_no_token(tiny_target, pr
 def test_the_drafter_heads_precision_and_a_shorter_or_coarser_drafter_change_no_token(tiny_target, prompts_file,
                                                                                      tmp_path):
     _drafting_variants(tiny_target, prompts_file, tmp_path,
-                       ["omnidraft-head4", "omnidraft-head8", "omnidraft-vocab256", "omnidraft-layers1", "omnidraft-q4k"])
-    assert runners.is_method("omnidraft-layers99") and not runners.is_method("omnidraft-layers0")
-    assert runners.head_rows("omnidraft-vocab65536") == 65536 and not runners.is_method("omnidraft-vocab255")
+                       ["head_bits=4", "head_bits=8", "head_tokens=256", "layers=1", "q4k=1",
+                        "layers=1,head_bits=8,k=2"])
 
 
 def test_the_untrained_variant_decodes_plain_decodings_tokens(tiny_target, prompts_file, tmp_path):
-    _drafting_variants(tiny_target, prompts_file, tmp_path, ["omnidraft-untrained"])
+    _drafting_variants(tiny_target, prompts_file, tmp_path, ["untrained=1", "untrained=1,head_tokens=256"])
+
+
+def test_draft_options_parse_into_settings_with_a_label():
+    v = runners.DraftVariant.parse("head_bits=8, k=3")
+    assert (v.k, v.head_bits, v.max_k, v.untrained) == (3, 8, None, False)
+    assert v.label == "omnidraft[head_bits=8,k=3]" and v.settings == {"head_bits": 8, "k": 3}
+    assert v.draft_overrides() == {"k": 3, "min_confidence": 0.0, "gamma": None, "priced": False}
+    assert runners.DraftVariant.parse("untrained=1").settings == {"untrained": 1}
+    assert runners.DraftVariant.parse("max_k=7,priced=0,read=64,drawn=1").draft_overrides() == {
+        "k": 7, "priced": False, "prompt_tokens": 64, "draw_drafts": True}
+    assert runners.DraftVariant.parse("layers=2,q4k=1").net_args()["num_layers"] == 2
+    assert runners.DraftVariant.parse("k=16").k == 16 and runners.DraftVariant.parse("read=4096").read == 4096
+    for bad, why in [("k=0", "from 1 to 16"), ("k=17", "from 1 to 16"), ("max_k=0", "from 1 to 16"),
+                     ("read=0", "from 1 to 4096"), ("read=4097", "from 1 to 4096"), ("head_bits=6", "4 or 8"),
+                     ("head_tokens=255", "from 256 to 65536"), ("layers=0", "from 1 to 99"),
+                     ("priced=2", "0 or 1"), ("k=x", "not an integer"), ("vocab=256", "unknown key"),
+                     ("k3", "not KEY=VALUE"), ("k=3,k=4", "given twice"), ("k=3,max_k=4", "exclude"),
+                     ("k=3,priced=1", "does not apply")]:
+        with pytest.raises(ValueError, match=why):
+            runners.DraftVariant.parse(bad)
+
+
+def test_bad_draft_options_and_old_variant_names_are_usage_errors(tiny_target, prompts_file, capsys):
+    base = ["--target", tiny_target, "--prompts", prompts_file, "--methods", "target"]
+    assert _run([*base, "--draft", "vocab=256"]) == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err and "argument --draft" in err and "unknown key 'vocab'" in err
+    assert _run([*base, "--draft", "k=99"]) == 2
+    assert "k must be from 1 to 16" in capsys.readouterr().err
+    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--methods", "target,omnidraft-k3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method(s) omnidraft-k3" in err and "--draft KEY=VALUE" in err
+    assert _run(["--help"]) == 0
+    assert "--draft KEY=VALUE[,KEY=VALUE...]" in capsys.readouterr().out
+    args = cli.parse_args([*map(str, base), "--draft", "k=3", "--draft", "k=3", "--draft", "untrained=1"])
+    assert [v.label for v in args.draft] == ["omnidraft[k=3]", "omnidraft[untrained=1]"]  # repeats dropped
 
 
 def test_the_untrained_variant_drafts_without_what_was_learned_and_restores_it(home, monkeypatch):
@@ -172,7 +211,8 @@ def test_the_untrained_variant_drafts_without_what_was_learned_and_restores_it(h
     engine.drafter_model = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(hidden_size=8)))
     engine.bridge = SimpleNamespace(cache=NgramCache())
     engine.bridge.cache.entries.update(learned_merges)
-    untrained, omnidraft = runners.untrained_runner(engine), runners.engine_runner(engine, True)
+    untrained = runners.variant_runner(engine, runners.DraftVariant.parse("untrained=1"))
+    omnidraft = runners.engine_runner(engine, True)
     for run in (untrained, omnidraft, untrained):
         run("p", GenerationConfig(max_new_tokens=1))
         engine.bridge.cache.entries.pop((1,), None)  # omnidraft's own merge, not a learned one
@@ -183,7 +223,6 @@ def test_the_untrained_variant_drafts_without_what_was_learned_and_restores_it(h
     assert policy1 is policy3 and policy1 is not own and policy2 is own  # a fresh drafting policy of its own
     assert (d2, head2) == (learned, learned.head)
     assert engine.drafter is learned and engine.draft_policy is own and dict(engine.bridge.cache.entries) == learned_merges
-    assert runners.is_method("omnidraft-untrained")
 
 
 def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home):
@@ -198,17 +237,12 @@ def test_a_drafting_variant_runs_with_its_settings_and_restores_the_engines(home
             yield TurnFinished("x", "length", TurnStats(method="omnidraft", new_tokens=1), [5])
 
     engine = Recording(draft_settings=DraftSettings(k=4, min_confidence=0.5, gamma=0.6))
-    for name in ("omnidraft-k6", "omnidraft-max7", "omnidraft-unpriced", "omnidraft-read64"):
-        runners.variant_runner(engine, runners.draft_overrides(name))("p", GenerationConfig(max_new_tokens=1))
+    for spec in ("k=6", "max_k=7", "priced=0", "read=64"):
+        runners.variant_runner(engine, runners.DraftVariant.parse(spec))("p", GenerationConfig(max_new_tokens=1))
     assert seen == [(6, 0.0, None, False, None), (7, 0.5, 0.6, True, None), (4, 0.5, 0.6, False, None),
                     (4, 0.5, 0.6, True, 64)]
     s = engine.draft_settings
     assert (s.k, s.min_confidence, s.gamma, s.priced, s.prompt_tokens) == (4, 0.5, 0.6, True, None)
-    assert runners.fixed_length("omnidraft-k16") == 16
-    assert runners.fixed_length("omnidraft-k0") is None and runners.fixed_length("omnidraft-k17") is None
-    assert not runners.is_method("omnidraft-max0") and runners.is_method("omnidraft-max16")
-    assert runners.is_method("omnidraft-read4096") and not runners.is_method("omnidraft-read4097")
-    assert not runners.is_method("omnidraft-read0")
 
 
 def test_a_drafting_variant_learns_its_own_drafting_policy(home):
@@ -222,7 +256,7 @@ def test_a_drafting_variant_learns_its_own_drafting_policy(home):
 
     engine = Recording()
     own = engine.draft_policy
-    variant = runners.own_policy(engine, runners.variant_runner(engine, runners.draft_overrides("omnidraft-k2")))
+    variant = runners.variant_runner(engine, runners.DraftVariant.parse("k=2"))  # with a policy of its own
     plain_omnidraft = runners.engine_runner(engine, True)
     for run in (variant, variant, plain_omnidraft, variant):
         run("p", GenerationConfig(max_new_tokens=1))
@@ -249,7 +283,7 @@ def test_bad_inputs_are_reported_without_traceback(tiny_target, tmp_path, capsys
     assert _run(["--target", tiny_target, "--prompts", bad, "--methods", "target"]) == 2
     assert '"prompt" string' in capsys.readouterr().err
     assert _run(["--target", tiny_target, "--prompts", bad, "--methods", "target,beam"]) == 2
-    assert "unknown method" in capsys.readouterr().err
+    assert "unknown method(s) beam" in capsys.readouterr().err
 
 
 def test_trim_and_first_difference():
@@ -432,3 +466,149 @@ def test_adapt_serves_training_prompts_learns_and_measures_before_and_after(tmp_
         drafting = adapt[when]["omnidraft"]["drafting"]
         assert drafting["calibration_proposals"] > 0 and 0 <= drafting["calibration_predicted"] <= 1
         assert drafting["acceptance"] == adapt[when]["omnidraft"]["acceptance_rate"]
+
+
+@pytest.mark.parametrize("fails_on", [None, 1])  # None: in its warm-up; 1: on the second prompt
+def test_a_method_that_raises_is_recorded_and_the_others_go_on(tiny_target, prompts_file, tmp_path, capsys,
+                                                               monkeypatch, fails_on):
+    """As uag does on Gemma prompts inside transformers' assisted generation."""
+    calls = []
+
+    def hf_runner(*_args, **_kwargs):
+        def run(prompt, cfg):
+            calls.append(prompt)
+            if fails_on is None or len(calls) == 2 + fails_on:  # the warm-up is the first call
+                raise RuntimeError("cannot reshape tensor of 0 elements")
+            return [5], None
+
+        return run
+
+    monkeypatch.setattr(runners, "hf_runner", hf_runner)
+    out = tmp_path / "bench.json"
+    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--limit", 2, "--max-new-tokens", 4,
+                 "--methods", "target,hf,omnidraft", "--dtype", "fp32", "--json", out]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    hf = report["methods"]["hf"]
+    assert hf["failed"] is True and hf["tokens_per_s"] is None and hf["speedup"] is None
+    assert hf["error"]["type"] == "RuntimeError" and hf["error"]["message"] == "cannot reshape tensor of 0 elements"
+    assert hf["error"]["prompt_index"] == fails_on and "RuntimeError" in hf["error"]["where"]
+    assert hf["completed_prompts"] == (0 if fails_on is None else 1)
+    assert report["errors"] == {"hf": hf["error"]}
+    assert len(calls) == (1 if fails_on is None else 3)  # never asked again once it failed
+    for name in ("target", "omnidraft"):  # the run went on without it
+        assert report["methods"][name]["failed"] is False and len(report["outputs"][name]) == 2
+    assert report["greedy_identical"] == 1.0 and "hf" not in report["divergences_by_method"]
+    table = capsys.readouterr().out.splitlines()
+    where = "warm-up" if fails_on is None else "prompt 2"
+    row = next(line for line in table if line.startswith("hf "))
+    assert row.split(None, 1)[1] == f"FAILED at {where}: RuntimeError: cannot reshape tensor of 0 elements"
+
+
+FAKE_SERVER = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("version: 11434 (fake)\nbuilt with a test"); sys.exit(0)
+port = int(args[args.index("--port") + 1])
+json.dump(args, open(sys.argv[0] + ".args", "w"))
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/health": self.send({"status": "ok"})
+        else: self.send({"build_info": "b11434-fake", "default_generation_settings":
+                         {"params": {"speculative.n_max": 16, "temperature": 0.8}}})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open(sys.argv[0] + ".requests", "a") as f: f.write(json.dumps(body) + "\n")
+        self.send({"tokens": [5, 6, 2, 7][: body["n_predict"]], "stop_type": "eos",
+                   "timings": {"prompt_n": len(body["prompt"]), "predicted_n": 3, "draft_n": 2,
+                               "draft_n_accepted": 1, "predicted_ms": 3.0}})
+
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def _fake_llamacpp(home: Path, monkeypatch) -> Path:
+    """A built llama.cpp whose llama-server is FAKE_SERVER (Python, same flags and API)."""
+    import sys
+
+    from omnidraft.bench import llamacpp
+
+    bin_dir = llamacpp.bin_dir()
+    bin_dir.mkdir(parents=True)
+    for name in llamacpp.TOOLS:
+        (bin_dir / name).write_text(f"#!{sys.executable}\n" + FAKE_SERVER)
+        (bin_dir / name).chmod(0o755)
+    llamacpp.build_file().write_text(json.dumps({"release": llamacpp.RELEASE, "build": "native"}))
+    return bin_dir / "llama-server"
+
+
+def test_llamacpp_server_methods_drive_the_servers_api(home, monkeypatch):
+    from omnidraft.bench import llamacpp
+
+    assert llamacpp.build_info() is None  # nothing built: the bench names `make peers`
+    server_bin = _fake_llamacpp(home, monkeypatch)
+    info = llamacpp.build_info()
+    assert info["build"] == "native" and info["version"] == "version: 11434 (fake) / built with a test"
+
+    class Tok:  # prompt_ids' tokenizer: text -> ids
+        def __call__(self, text, split_special_tokens=True):
+            return {"input_ids": [1, 2, 3][: len(text)]}
+
+    server = llamacpp.Server(Path("t.gguf"), llamacpp.MODES["llamacpp-draft"], 3, draft=Path("d.gguf"))
+    server.start(timeout=60)
+    try:
+        run, calls = llamacpp.runner(server, Tok(), {2}, chat=False)
+        ids, timings = run("abc", GenerationConfig(max_new_tokens=4))
+        assert ids == [5, 6] and timings["stop_type"] == "eos" and calls == [3 - 1]  # cut at the stop id 2
+        assert timings["draft_n_accepted"] == 1
+        with pytest.raises(NotImplementedError):
+            run("abc", GenerationConfig(max_new_tokens=4, temperature=0.7))
+        settings = server.settings()
+    finally:
+        server.stop()
+    assert server.proc is None
+    sent = json.loads(Path(str(server_bin) + ".requests").read_text().splitlines()[0])
+    assert sent == {"prompt": [1, 2, 3], "n_predict": 4, "temperature": 0.0, "top_k": 1, "cache_prompt": True,
+                    "return_tokens": True, "stream": False}
+    args = json.loads(Path(str(server_bin) + ".args").read_text())
+    assert args[args.index("-np") + 1] == "1" and args[args.index("-t") + 1] == "3"
+    assert args[args.index("--spec-type") + 1] == "draft-simple" and args[args.index("-md") + 1] == "d.gguf"
+    assert settings["draft_model"] == "d.gguf"
+    assert "PORT" in settings["command"] and settings["build_info"] == "b11434-fake"
+
+
+def test_llamacpp_methods_on_a_non_gguf_target_fail_alone(tiny_target, prompts_file, tmp_path, monkeypatch):
+    """The tiny target is a transformers folder: the peers cannot run it; the others go on."""
+    from omnidraft.bench import llamacpp
+
+    monkeypatch.setattr(llamacpp, "build_info", lambda: {"build": "native"})
+    out = tmp_path / "bench.json"
+    assert _run(["--target", tiny_target, "--prompts", prompts_file, "--limit", 1, "--max-new-tokens", 3,
+                 "--methods", "target,llamacpp,llamacpp-ngram", "--dtype", "fp32", "--json", out]) == 0
+    report = json.loads(out.read_text())
+    assert report["methods"]["target"]["failed"] is False
+    for name in ("llamacpp", "llamacpp-ngram"):
+        assert report["methods"][name]["failed"] and "needs a GGUF target" in report["errors"][name]["message"]
+    assert report["llamacpp"] == {"build": "native"}
+
+
+def test_llamacpp_builds_skip_what_the_cpu_lacks():
+    from omnidraft.bench import llamacpp
+
+    zen = {"avx", "avx2", "fma", "f16c"}
+    assert llamacpp.missing_flags("native", zen) == []
+    assert llamacpp.missing_flags("avx2", zen) == []
+    assert "avx512f" in llamacpp.missing_flags("avx512", zen)
+    assert llamacpp.missing_flags("avx512", None) == []  # unknown flags: the smoke test decides
+    assert "-DGGML_AMX_INT8=OFF" in llamacpp.BUILDS["avx512"][0]
+    with pytest.raises(SystemExit) as exc:
+        llamacpp.main(["--builds", "native,sse"])
+    assert exc.value.code == 2
