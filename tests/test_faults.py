@@ -1,5 +1,5 @@
 """The fault tier (`make test-fault`, marker `fault`): what a crash, a damaged
-file or a second app does to the user's data, probed as issue 14's tester did.
+file or a second app does to the user's data, probed as a hostile but fair tester would.
 
 * Crash injection: a child process saves every kind of data file in a loop
   (chat, replay log, n-gram cache, drafting statistics, chart history, learned
@@ -220,7 +220,7 @@ def _load_state(kind):
         cls = NgramCache if kind == "ngram" else DraftPolicy
         try:
             cls.load(paths.data_dir() / f"{kind}.bin", keys=_keys())
-        except CorruptStateError as exc:  # what the engine does with it (Engine._load_state)
+        except CorruptStateError as exc:  # what the engine does with it (TargetState._load)
             return [f"damaged; kept as {exc.quarantine().name}"]
         return []
     return load

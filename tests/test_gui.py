@@ -346,7 +346,9 @@ def test_worker_killed_is_restarted_and_nothing_is_lost(window, qtbot):
 
 
 def test_charts_receive_metrics_and_export(window, qtbot, tmp_path):
-    idle(qtbot, window)
+    # A reply of its own: the plot must not rely on earlier tests having chatted.
+    window.pane.new_chat()
+    turn(qtbot, window, send(qtbot, window, "Chart this reply."))
     measured = [e for e in window.recorder.of(TurnDone) if e.stats and e.stats.new_tokens > 0]
     assert len(window.history.replies) == len(measured)
     assert window.charts.tps_plot.listDataItems(), "tokens-per-step plot is empty"

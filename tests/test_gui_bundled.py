@@ -1,4 +1,4 @@
-"""The new user's first session, with the bundled models (integration tier):
+"""A new user's first start, with the bundled models (integration tier):
 the app opens on Qwen2.5-Coder-1.5B-Instruct with the real SmolLM2 drafter, a
 chat reply is drafted and verified across the two vocabularies, the charts show
 its acceptance and measured speedup, switching to the 0.5B and back keeps the

@@ -78,7 +78,7 @@ def test_samples_saved_before_temperatures_were_recorded_load_as_greedy(tmp_path
 
 
 def test_sampled_turns_saved_before_drawn_was_recorded_load_as_drawn(tmp_path, keys, smol_tok):
-    """Until Dec 6 every sampled turn's drafts were drawn from the drafter's
+    """Records from before the `drawn` flag: every sampled turn's drafts were drawn from the drafter's
     distribution, which decides its head labels."""
     path = tmp_path / "buffer.bin"
     old = {k: v for k, v in vars(_sample(smol_tok)).items() if k != "drawn"}

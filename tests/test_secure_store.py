@@ -83,7 +83,7 @@ def test_files_saved_by_older_versions_open_and_their_next_save_is_compact(home)
     key = keys.key_path.read_bytes().strip()
     plain = json.dumps(SECRET, ensure_ascii=False, separators=(",", ":")).encode()
     path = home / "data" / "old.enc"
-    path.write_bytes(FERNET_MAGIC + fingerprint(key) + Fernet(key).encrypt(plain))  # before Dec 5
+    path.write_bytes(FERNET_MAGIC + fingerprint(key) + Fernet(key).encrypt(plain))  # the older format
     assert load_encrypted(path, None, keys) == SECRET
     save_encrypted(path, SECRET, keys)
     raw = path.read_bytes()

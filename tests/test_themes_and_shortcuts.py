@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication, QFileDialog
 
 from tests.gui_helpers import answer, scripted_window
 
-# What issue 16 asks a key for, by action id.
+# The actions that must have a key, by action id.
 WANTED = {"new_chat", "search_chats", "stop", "regenerate", "switch_target", "charts_panel"}
 
 

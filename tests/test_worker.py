@@ -388,7 +388,8 @@ def test_idle_learning_runs_and_yields_promptly_to_a_request(home):
     sent = time.monotonic()
     loop.send(ChatRequest(1, user("")))  # no model: answered at once with an error
     seen = loop.events.done(1)
-    assert time.monotonic() - sent < 2.0, "the running step must give way to a request"
+    # Without giving way the step would run a minute; the bound is a hang guard.
+    assert time.monotonic() - sent < 30, "the running step must give way to a request"
     assert engine.gave_way == 1
     assert any(isinstance(e, LearningProgress) and e.state == "waiting" for e in seen)
     loop.close()
