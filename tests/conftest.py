@@ -5,6 +5,7 @@ git-ignored) so repeated runs stay fast."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import shutil
@@ -80,6 +81,7 @@ ENGINE_BUILDERS = ("tiny_engine(", "learning_engine(", "Engine(", "cli.main(")
 _ENGINE_HELPERS: dict = {}  # module -> names of its functions that build engines
 
 
+@functools.cache  # the same fixtures serve hundreds of tests
 def _source(function) -> str:
     try:
         return inspect.getsource(function)

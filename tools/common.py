@@ -48,34 +48,22 @@ def eval_file(name: str) -> Path:
 # Argument types: a bad value stops the tool at once (exit 2, with a message),
 # not after its models have loaded.
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"needs a whole number of 1 or more, not {text!r}")
-    return value
+def _number(convert, ok, what: str):
+    """An argparse type: `convert`'s value where `ok` holds, else "needs {what}"."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):  # NaN fails every comparison
+            raise argparse.ArgumentTypeError(f"needs {what}, not {text!r}")
+        return value
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"needs a whole number of 0 or more, not {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"needs a number of 0 or more, not {text!r}")
-    return value
+positive_int = _number(int, lambda v: v >= 1, "a whole number of 1 or more")
+non_negative_int = _number(int, lambda v: v >= 0, "a whole number of 0 or more")
+non_negative_float = _number(float, lambda v: v >= 0, "a number of 0 or more")
 
 
 def positive_float(text: str) -> float:
