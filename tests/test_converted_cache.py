@@ -73,3 +73,26 @@ def test_a_copy_sealed_by_an_older_version_is_sealed_on_first_check(copy):
     weights = copy / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:10])
     assert "bytes instead of" in check(copy)
+
+
+def _sealed(folder, data: bytes):
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(data)
+    seal(folder, folder.parent / "model.gguf", 1)
+    return folder
+
+
+def test_a_copy_another_process_put_in_place_first_is_kept(tmp_path):
+    theirs = _sealed(tmp_path / "model-abc", b"theirs" * 1000)
+    ours = _sealed(tmp_path / "model-abc.partial-1", b"ours" * 1000)
+    converted_cache.publish(ours, theirs, "model.gguf")
+    assert not ours.exists() and usable(theirs, "model.gguf")
+    assert (theirs / "model.safetensors").read_bytes() == b"theirs" * 1000
+
+
+def test_a_damaged_copy_in_the_way_is_replaced_by_ours(tmp_path):
+    theirs = _sealed(tmp_path / "model-abc", b"theirs" * 1000)
+    (theirs / "model.safetensors").write_bytes(b"cut")
+    ours = _sealed(tmp_path / "model-abc.partial-1", b"ours" * 1000)
+    converted_cache.publish(ours, theirs, "model.gguf")
+    assert not ours.exists() and (theirs / "model.safetensors").read_bytes() == b"ours" * 1000

@@ -51,6 +51,19 @@ def seal(folder: Path, source: Path, fmt: int) -> None:
     atomic_write_json(folder / MARKER, {"source": str(source), "format": fmt, "files": files})
 
 
+def publish(tmp: Path, dest: Path, name: str) -> None:
+    """Move a sealed conversion into place. Another process converting the same file
+    (the app beside the bench, two test workers) may have put its copy there first:
+    a usable one is kept and ours dropped, a damaged one is replaced by ours."""
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if usable(dest, name):
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:  # usable() removed the damaged copy
+            os.replace(tmp, dest)
+
+
 def check(folder: Path) -> str | None:
     """What is wrong with a sealed copy, or None when it can be loaded."""
     marker = folder / MARKER

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -101,7 +100,7 @@ def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = no_progress
         for terms in gemma_terms_files():
             shutil.copy2(terms, tmp / terms.name)
     converted_cache.seal(tmp, gguf, CONVERTED_FORMAT)
-    os.replace(tmp, dest)
+    converted_cache.publish(tmp, dest, gguf.name)
     progress("Converted", 0.95)
     return dest
 
