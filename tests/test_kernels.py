@@ -4,6 +4,7 @@ tensors read from a GGUF file are the weights the file holds, a target's layers
 run as one kernel call compute what its torch layers compute, and speculative
 decoding of such a target gives the tokens of its plain decoding."""
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -45,6 +46,17 @@ def _integer_isa() -> str:
 def integer_build():
     """Products that name no build run on _integer_isa()'s."""
     with kernel_build.use_build(_integer_isa()):
+        yield
+
+
+@pytest.fixture(params=["default", "generic"])
+def either_build(request):
+    """The test on the build this CPU runs by default, then on the portable plain-C
+    one (the fallback where no SIMD build runs)."""
+    if request.param == "default":
+        yield
+        return
+    with kernel_build.use_build("generic"):
         yield
 
 
@@ -118,10 +130,100 @@ def test_the_kernel_computes_the_6_and_8_bit_products_of_int8_rows(isa, bits):
 
 @pytest.mark.skipif(len(kernel_build.runnable_isas()) < 2, reason="this CPU runs one of the kernel's instruction sets")
 def test_every_instruction_set_gives_the_same_bits():
+    """Every build this CPU runs, the generic one included (amx below its tiles' rows)."""
     x = torch.randn(13, 512)
     for form in (_layer(), _layer_k(), _layer6(), _layer8()):
         results = [quant_mm(x, form.packed(), 256, form.kind, isa) for isa in kernel_build.runnable_isas()]
         assert all(torch.equal(results[0], other) for other in results[1:])
+
+
+@pytest.mark.parametrize("isa", [isa for isa in kernel_build.runnable_isas() if isa != "generic"])
+def test_the_generic_build_gives_each_simd_builds_bits(isa):
+    """The portable build (ggml's *_generic loops, no intrinsics) computes the SIMD
+    builds' integers, and their float steps in their order (fmaf where they fuse a
+    multiply-add): the same bits for every layout, for row counts around the 8-row
+    blocks, an outlier row, a row ending in a short Q4_K superblock. (amx: fewer
+    rows than its tiles take, so its integer kernel.)"""
+    for form in (_layer(), _layer_k(), _layer_k(k=352), _layer6(), _layer8()):
+        for m in (1, 3, 8, 13):
+            x = torch.randn(m, form.q.shape[1], generator=torch.Generator().manual_seed(m))
+            x[0] *= 300
+            generic = quant_mm(x, form.packed(), 256, form.kind, "generic")
+            assert torch.equal(generic, quant_mm(x, form.packed(), 256, form.kind, isa)), (form.kind, m)
+
+
+def test_the_generic_decoder_stack_computes_what_the_simd_one_does(qwen_tok, monkeypatch):
+    """The decoder stack's plain-C loops (norms, RoPE, the fp16 cache, attention's
+    softmax, SiLU, the adapter beside the weights) against the SIMD build's on a
+    Q4_K_M-like target and an adapted drafter: a prompt, a step and a
+    verification-sized block. Not the same bits: the generic loops sum in order
+    where the SIMD ones sum 8 or 16 lanes and then across them, take libm's expf
+    for a polynomial, and the norm's sum in double; a last-bit difference can then
+    round a key to the neighbouring fp16 step in the cache, or an activation to the
+    neighbouring int8 step in the next product. That is why the SIMD stack itself
+    is held only within 5e-3 of the torch layers (the tests below); the two stacks,
+    each on its side of them, within 1e-2 of the logits' range, where a wrong RoPE,
+    mask or softmax is off by tenths. Their products alone are the same bits (above)."""
+    from omnidraft.core.models.lean_llama import LeanLlama
+    from omnidraft.core.models.target_runtime import TargetRunner
+
+    monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
+    target = tiny_qwen2(len(qwen_tok), seed=6)
+    quantize_int8(target, _file_like)
+    drafter = tiny_qwen2(len(qwen_tok), seed=3)
+    nets = [TargetRunner(target).net, LeanLlama(drafter, int8=True, int4=True, adapter=_adapter(drafter))]
+    assert all(net.stack is not None for net in nets)
+
+    def run() -> list[torch.Tensor]:
+        out = []
+        for net in nets:
+            net.reset()
+            out += [net.forward(list(range(100, 137)))[0], net.forward([7])[0], net.forward([8, 9, 10, 11, 12])[0]]
+        return out
+
+    with kernel_build.use_build(_integer_isa()):
+        simd = run()
+    with kernel_build.use_build("generic"):
+        generic = run()
+    for got, expected in zip(generic, simd):
+        torch.testing.assert_close(got, expected, atol=1e-2 * float(expected.abs().max()), rtol=1e-2)
+
+
+def test_a_build_the_compiler_cannot_make_is_skipped_and_the_rest_load_with_no_compiler(tmp_path, home,
+                                                                                           monkeypatch):
+    """The package's build (build_all, what setup.py runs) skips a build the compiler
+    cannot make and records why; at run time, with no compiler, the built ones load
+    from the package's folder, the skipped one says why, and only where no build can
+    load is the kernels' absence reported, as a sentence."""
+    compiler = kernel_build.find_compiler()
+    if compiler is None:
+        pytest.skip("needs a C compiler")
+    isas = {"broken": ((), ["-mno-such-instruction-set"]), "generic": kernel_build.ISAS["generic"]}
+    monkeypatch.setattr(kernel_build, "ISAS", isas)
+    manifest = kernel_build.build_all(tmp_path / "lib", compiler)
+    assert "file" in manifest["builds"]["generic"] and "file" not in manifest["builds"]["broken"]
+    assert "no-such-instruction-set" in manifest["builds"]["broken"]["skipped"]
+
+    monkeypatch.setattr(kernel_build, "PREBUILT", tmp_path / "lib")
+    monkeypatch.setattr(kernel_build, "find_compiler", lambda: None)
+    kernel_build.forget_builds()
+    try:
+        assert kernel_build.runnable_isas() == ["broken", "generic"]
+        generic = kernel_build.library()
+        assert generic.isa == "generic" and Path(generic._name).parent == tmp_path / "lib"
+        assert kernel_build.unavailable() is None
+        broken = kernel_build.library("broken")
+        assert isinstance(broken, kernel_build.KernelUnavailable) and "not built with the package" in str(broken)
+
+        for name in ("generic", "broken"):  # an install that lost its libraries, on a machine without a compiler
+            (tmp_path / "lib" / kernel_build.library_file(name)).unlink(missing_ok=True)
+        (tmp_path / "lib" / kernel_build.MANIFEST).unlink()
+        kernel_build.forget_builds()
+        why = kernel_build.unavailable()
+        assert why.startswith("The 4-bit kernels cannot run here: ") and why.endswith(".")
+        assert "no C compiler" in why and "Error" not in why
+    finally:
+        kernel_build.forget_builds()
 
 
 def test_avx_vnni_cpus_get_the_vnni_build_and_it_compiles(monkeypatch):
@@ -131,9 +233,7 @@ def test_avx_vnni_cpus_get_the_vnni_build_and_it_compiles(monkeypatch):
     its twin in AVX-512 VL's encodings (avxvnni-evex) where AVX-512 VNNI runs, by
     the tests parametrized over runnable_isas() and the one above."""
     monkeypatch.setattr(kernel_build, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx_vnni"}))
-    assert kernel_build.runnable_isas() == ["avxvnni", "avx2"]
-    if shutil.which("cc") is None:
-        pytest.skip("needs cc")
+    assert kernel_build.runnable_isas() == ["avxvnni", "avx2", "generic"]
     lib = kernel_build.library("avxvnni")
     assert not isinstance(lib, kernel_build.KernelUnavailable), lib
     assert lib.isa == "avxvnni"
@@ -367,7 +467,8 @@ def test_quantize_keeps_4_bit_layers_4_bit_and_the_rest_int8(qwen_tok, monkeypat
 
 
 @pytest.mark.parametrize("formats", ["4-bit", "Q4_K_M-like", "Q5_0-like"])
-def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(formats, tmp_path, qwen_tok, monkeypatch):
+def test_speculative_decoding_of_a_4_bit_target_matches_its_plain_decoding(formats, tmp_path, qwen_tok, monkeypatch,
+                                                                           either_build):
     from omnidraft.core.decoding.sampling import GenerationConfig
 
     monkeypatch.setattr(quantize, "MIN_WEIGHTS", 0)
@@ -666,7 +767,7 @@ def test_a_prompt_read_before_gives_a_4_bit_target_the_logits_a_fresh_read_gives
 
 
 @pytest.mark.parametrize("build", ["llama", "qwen2", "llama+adapter", "llama+q4k"])
-def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_compute(build, qwen_tok):
+def test_the_drafters_one_call_decoder_stack_computes_what_its_torch_layers_compute(build, qwen_tok, either_build):
     """The drafter's 4-bit layers run as one kernel call (kernels.stack.DecoderStack); the
     same layers as torch ops are the reference: a prompt, one-token steps, a
     several-token re-sync and a rollback, Qwen2's q/k/v biases included, and a
@@ -715,7 +816,7 @@ def test_a_4_bit_head_over_the_first_ids_gives_the_full_heads_bits_there(qwen_to
 
 
 @pytest.mark.parametrize("build", ["llama+adapter", "qwen2"])
-def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, qwen_tok):
+def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, qwen_tok, either_build):
     """The stack's threads split every loop and product between them and meet at the
     kernel's own barrier: the logits of a prompt, a step and a re-sync are the same
     bits on one thread, two, and more threads than this machine has CPUs (where a
@@ -742,8 +843,11 @@ def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, 
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("window, head_dim", [(0, 16), (40, 16), (0, 64), (40, 64)])
-def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, head_dim, qwen_tok):
+# The generic build with heads of 16 only: its attention takes no other path for
+# 64, and its plain-C products of the torch layers' 560-row reference are slow.
+@pytest.mark.parametrize("window, head_dim, build", [(0, 16, None), (40, 16, None), (0, 64, None), (40, 64, None),
+                                                     (0, 16, "generic"), (40, 16, "generic")])
+def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, head_dim, build, qwen_tok):
     """Past 256 positions a query's softmax runs in parts folded in order; where the
     key/value heads do not split evenly between the threads (SmolLM2's 3 on 2) a
     step's tasks are a head's parts, merged after. A long prompt, a block of rows
@@ -752,7 +856,8 @@ def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(w
     verification lossless) and everything stays what the torch layers compute,
     with a drafter's window too (the last rows read parts 0 and 2 only). Heads of
     64 take attention's bf16 multiply-adds where the CPU has them (odd blocks of
-    positions padded to pairs), so within bf16's rounding of the torch layers."""
+    positions padded to pairs), so within bf16's rounding of the torch layers. The
+    generic build (its own attention loop) keeps the same properties."""
     from omnidraft.core.models.lean_llama import LeanLlama
 
     from tests.tiny import tiny_llama
@@ -773,6 +878,9 @@ def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(w
         out += [net.forward(ids[258:559])[0], net.forward(ids[559:560])[0]]  # 20 blocks of rows; 3 parts
         return torch.cat(out), singles
 
+    chosen = contextlib.ExitStack()
+    if build:
+        chosen.enter_context(kernel_build.use_build(build))
     before = torch.get_num_threads()
     try:
         one, singles = run(1)
@@ -784,6 +892,7 @@ def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(w
     finally:
         torch.set_num_threads(before)
         net.stack = stack
+        chosen.close()
     # The two ways sum attention in another order, so a key or value can round
     # to the neighbouring fp16 step in the shared cache, and the next product's
     # int8 activations (or bf16 ones: attention for heads of 64 on AVX512-BF16,

@@ -105,21 +105,21 @@ def test_a_kernel_build_asked_for_by_name_that_this_cpu_cannot_run_is_named(monk
     build.forget_builds()
     try:
         assert build.kernel_isa() is None
-        assert build.unavailable() == "OMNIDRAFT_KERNEL_ISA=avx1024 is not a build this CPU runs (avx2)"
+        assert build.unavailable() == ("The 4-bit kernels cannot run here: OMNIDRAFT_KERNEL_ISA=avx1024 is not "
+                                       "a build this CPU runs (avx2, generic).")
     finally:
         build.forget_builds()
 
 
-def test_a_cpu_the_4_bit_kernels_cannot_run_on_is_named_with_the_reason(monkeypatch):
+def test_a_cpu_without_avx2_runs_the_portable_kernel_build(monkeypatch):
     from omnidraft.core.kernels import build
 
     for flags, isa in ((frozenset({"sse2", "avx"}), None), (frozenset({"avx2", "fma", "f16c"}), "avx2")):
         monkeypatch.setattr(build, "cpu_flags", lambda flags=flags: flags)
         build.forget_builds()
         try:
-            assert build.runnable_isas() == ([isa] if isa else [])
+            assert build.runnable_isas() == ([isa] if isa else []) + ["generic"]
             if isa is None:
-                assert build.kernel_isa() is None
-                assert "neither AVX2" in build.unavailable()
+                assert build.kernel_isa() == "generic" and build.unavailable() is None
         finally:
             build.forget_builds()

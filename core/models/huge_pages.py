@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import sys
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -25,6 +26,10 @@ import torch
 from ..heap import trim_heap
 
 HUGE = 2 << 20  # bytes in a huge page (x86-64 and most arm64 kernels)
+# Linux's transparent huge pages, asked for with madvise on a private anonymous
+# mapping; elsewhere (macOS, Windows: no MADV_HUGEPAGE, nor MAP_ANONYMOUS on
+# Windows) blocks are ordinary torch memory.
+_ASK_HUGE = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
 _LINE = 64  # each tensor starts on a cache line, as torch's allocator starts them
 
 
@@ -40,7 +45,7 @@ class Placeable(Protocol):
 def block(nbytes: int) -> torch.Tensor:
     """nbytes of zeroed memory as a uint8 tensor, starting on a 2 MB boundary and
     asked for on 2 MB pages; freed when the last tensor viewing it is."""
-    if nbytes < HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if nbytes < HUGE or not _ASK_HUGE:
         return torch.zeros(nbytes, dtype=torch.uint8)
     # Private: a shared anonymous mapping is shmem, which THP leaves on 4 KB pages.
     mapping = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # zero-filled

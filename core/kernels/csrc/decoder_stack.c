@@ -32,14 +32,16 @@ The norms, RoPE, SiLU and residual adds split their rows between the threads, as
 the products and attention do: with the products on AMX tiles, those loops on one
 thread were a sixth of a 200-token prompt read (tools/kernel_ab.py --prompt 200).
 */
-#include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "quant_gemm.h"
+
+#ifdef OMNI_SIMD
+#include <immintrin.h>
+#endif
 
 typedef struct {
     const uint8_t *packed; /* quant_gemm.c's block layouts */
@@ -93,7 +95,7 @@ static inline void vstore_half(uint16_t *p, vec v) {
 }
 static inline vec vround(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vexp2_times(vec p, vec n) { return _mm512_scalef_ps(p, n); } /* p * 2^n */
-#else
+#elif defined(OMNI_SIMD)
 #define VW 8
 typedef __m256 vec;
 typedef __m256i vmask;
@@ -135,8 +137,11 @@ static inline vec vexp2_times(vec p, vec n) { /* n in -127..127: build 2^n from 
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+#else
+#define VW 16 /* the generic build's: the unit run_stack splits a row's SiLU in */
 #endif
 
+#ifdef OMNI_SIMD
 /* Row r of x [., dim] RMS-normalized and scaled by w into out; dim a multiple of 16. */
 static void rms_norm_row(const float *x, const float *w, float eps, int64_t dim, float *out) {
     vec ss = vzero();
@@ -160,6 +165,26 @@ static inline float dot(const float *a, const uint16_t *b, int64_t len) {
     }
     return vsum(vadd(acc0, acc1));
 }
+#else
+/* The generic build's row loops: sums in order, the norm's in double as ggml's
+   generic rms_norm takes it. */
+static void rms_norm_row(const float *x, const float *w, float eps, int64_t dim, float *out) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; i++) ss += (double)(x[i] * x[i]);
+    float inv = 1.0f / sqrtf((float)(ss / (double)dim) + eps);
+    for (int64_t i = 0; i < dim; i++) out[i] = x[i] * inv * w[i];
+}
+
+static void add_row(float *x, const float *add, int64_t dim) {
+    for (int64_t i = 0; i < dim; i++) x[i] += add[i];
+}
+
+static inline float dot(const float *a, const uint16_t *b, int64_t len) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < len; i++) s += a[i] * half_to_float(b[i]);
+    return s;
+}
+#endif
 
 /* The adapter and the bias beside a projection's product, on its threads (a Beside,
    quant_gemm.h): t = x A^T while the product quantizes its rows, then y += t B^T
@@ -173,6 +198,7 @@ typedef struct {
     int64_t n, k, ldy;
 } Extra;
 
+#ifdef OMNI_SIMD
 /* A prompt or a re-sync (n >= 8): item = a block of 4 rows (in L1) run over every
    factor row, each fp16 factor vector widened once for four rows (row by row, factor
    rows outer, the drafter's 160-token prompt read took 1.55x as long with a rank-32
@@ -244,6 +270,41 @@ static void extra_finish(void *ctx, int64_t o0) {
         for (int64_t r = 0; r < n; r++)
             for (int64_t i = o0; i < o0 + 16; i++) e->y[r * ldy + i] += p->bias[i];
 }
+#else
+/* The generic build's adapter: the items split as above, each of t's values one
+   dot() whatever item computes it. */
+static void extra_prepare(void *ctx, int64_t item) {
+    const Extra *e = ctx;
+    const Projection *p = e->p;
+    int64_t n = e->n, k = e->k, width = p->parts * p->rank;
+    if (n < 8) {
+        for (int64_t r = 0; r < n; r++) e->t[item * n + r] = dot(e->x + r * k, p->lora_a + item * k, k);
+        return;
+    }
+    for (int64_t r = 4 * item; r < n && r < 4 * item + 4; r++)
+        for (int64_t j = 0; j < width; j++) e->t[j * n + r] = dot(e->x + r * k, p->lora_a + j * k, k);
+}
+
+static void extra_finish(void *ctx, int64_t o0) {
+    const Extra *e = ctx;
+    const Projection *p = e->p;
+    int64_t n = e->n, ldy = e->ldy;
+    if (p->lora_a) {
+        int64_t part = 0;
+        while (o0 >= p->part_end[part]) part++;
+        const float *tp = e->t + part * p->rank * n;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t o = o0; o < o0 + 16; o++) {
+                float acc = e->y[r * ldy + o];
+                for (int64_t i = 0; i < p->rank; i++) acc += tp[i * n + r] * half_to_float(p->lora_b[i * p->out + o]);
+                e->y[r * ldy + o] = acc;
+            }
+    }
+    if (p->bias)
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = o0; i < o0 + 16; i++) e->y[r * ldy + i] += p->bias[i];
+}
+#endif
 
 /* y [n, ldy] columns 0..out-1 = x p^T (+ adapter, + bias), by the current team (the
    caller's next team_wait completes y); t: room for x A^T. The layout is one
@@ -292,7 +353,11 @@ static int64_t scan_layers(const Layer *layers, int64_t n_layers) {
 
 /* x clamped to fp16's finite range: a model whose keys or values outgrow it (Qwen2.5's
    reach ~360) would otherwise store infinities and attend with NaNs. */
+#ifdef OMNI_SIMD
 static inline vec fp16_range(vec x) { return vmin(vmax(x, vset1(-65504.0f)), vset1(65504.0f)); }
+#else
+static inline float fp16_range(float x) { return x < -65504.0f ? -65504.0f : x > 65504.0f ? 65504.0f : x; }
+#endif
 
 /* x * cos + rotate_half(x) * sin, in place, for one head's vector at one position. */
 static void rope(float *x, const float *cos, const float *sin, int64_t d) {
@@ -304,6 +369,7 @@ static void rope(float *x, const float *cos, const float *sin, int64_t d) {
     }
 }
 
+#ifdef OMNI_SIMD
 /* A new row's RoPE on its query and key heads, and its keys and values into the
    cache (fp16) at position pos. */
 static void rope_and_store(float *row, const float *c, const float *s, int64_t n_heads, int64_t n_kv, int64_t d,
@@ -315,7 +381,19 @@ static void rope_and_store(float *row, const float *c, const float *s, int64_t n
             vstore_half(values + (j * capacity + pos) * d + i, fp16_range(vload(row + (n_heads + n_kv + j) * d + i)));
         }
 }
+#else
+static void rope_and_store(float *row, const float *c, const float *s, int64_t n_heads, int64_t n_kv, int64_t d,
+                           uint16_t *keys, uint16_t *values, int64_t capacity, int64_t pos) {
+    for (int64_t hd = 0; hd < n_heads + n_kv; hd++) rope(row + hd * d, c, s, d);
+    for (int64_t j = 0; j < n_kv; j++)
+        for (int64_t i = 0; i < d; i++) {
+            keys[(j * capacity + pos) * d + i] = float_to_half(fp16_range(row[(n_heads + j) * d + i]));
+            values[(j * capacity + pos) * d + i] = float_to_half(fp16_range(row[(n_heads + n_kv + j) * d + i]));
+        }
+}
+#endif
 
+#ifdef OMNI_SIMD
 /* e^x for VW floats (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r, then
    times 2^n; relative error ~1e-7). The loops' scalar expf cost more than the
    4-bit products of a one-token step. */
@@ -359,9 +437,11 @@ static inline vec lane_sums(const vec v[VW]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
 #endif
 }
+#endif
 
 #define MAX_HEAD_DIM 256 /* decoder_stack refuses more (lean_llama.py checks first) */
 
+#ifdef OMNI_SIMD
 /* A query's scores sc[0..seen) (already scaled) to softmax numerators in place,
    against their largest, *top; returns their sum. */
 static float softmax_in_place(float *sc, int64_t seen, float *top) {
@@ -444,6 +524,7 @@ static inline __attribute__((always_inline)) void weigh_values(const float *sc1,
         if (sc2) vstore(out2 + l * VW, a2[l]);
     }
 }
+#endif
 
 #define ATT_BLOCK 32 /* positions whose keys (then values) stay in L1 while every query of a task reads them */
 #define ATT_ROWS 8   /* new rows a task takes at most (a verification's all; a prompt's in blocks) */
@@ -454,6 +535,7 @@ static inline __attribute__((always_inline)) void weigh_values(const float *sc1,
 #define ATT_PART 256
 #define PART_STREAM (2 * ATT_PART / ATT_BLOCK) /* a whole part's blocks, keys then values */
 
+#ifdef OMNI_SIMD
 /* Positions b..b+count-1 of an fp16 cache row (keys or values) widened into `wide`:
    once a block for all the task's queries, not once a query (a 5-row verification
    of Qwen2.5-1.5B has 30 queries a key/value head, and widening each load for each
@@ -615,6 +697,7 @@ static void fold_part(float *out, float *top, float *sum, const float *o, float 
         vstore(out + l * VW, vfmadd(vload(o + l * VW), vset1(b), vmul(vload(out + l * VW), vset1(a))));
     *sum = *sum * a + sum_g * b, *top = t;
 }
+#endif
 
 /* What a layer's attention tasks share. */
 typedef struct {
@@ -629,6 +712,7 @@ typedef struct {
     float scale;
 } Attention;
 
+#ifdef OMNI_SIMD
 /* Positions b..b+count-1 of a cache row (keys, or values where is_values) as the
    task's multiply-adds read them: in bf16 where bf (ATT_BF16), else widened. */
 static void read_block(const uint16_t *cache, int is_values, int bf, int64_t b, int64_t count, int64_t d, float *wide) {
@@ -641,6 +725,7 @@ static void read_block(const uint16_t *cache, int is_values, int bf, int64_t b, 
     (void)bf, (void)is_values;
     widen_block(cache, b, count, d, wide);
 }
+#endif
 
 /* The first part past part 0 a query that sees `seen` positions reads: with a
    window, part 0 (the attention sink every context starts with) and the parts
@@ -651,6 +736,7 @@ static inline int64_t first_recent(const Attention *A, int64_t seen) {
     return lo > 1 ? lo : 1;
 }
 
+#ifdef OMNI_SIMD
 /* Whether row r's queries read part g. */
 static inline int sees(const Attention *A, int64_t r, int64_t g) {
     int64_t seen = A->start + r + 1;
@@ -805,6 +891,59 @@ static void silu_mul(const float *gate, const float *up, int64_t count, float *o
         vstore(out + i, vmul(s, vload(up + i)));
     }
 }
+#else
+/* The generic build's attention (ggml's generic soft_max and dot products, in
+   order): a task is one new row r and key/value head j, for the `group` query heads
+   that share it. The positions a query sees are the SIMD builds' parts (part 0,
+   then from first_recent's part on), visited in order; each key and value row is
+   widened once for the task's queries. The scores, their softmax, then the values:
+   a query's steps depend on its position alone, so a verified row's bits are its
+   one-token step's, on any number of threads. sc: room for group * (seen + 1)
+   floats; wide: for d. */
+static void attend_row(const Attention *A, float *sc, float *wide, int64_t j, int64_t r, int64_t group) {
+    int64_t d = A->d, seen = A->start + r + 1, h0 = j * group;
+    int64_t head_end = seen < ATT_PART ? seen : ATT_PART, lo = first_recent(A, seen) * ATT_PART;
+    const uint16_t *keys = A->keys + j * A->capacity * d, *values = A->values + j * A->capacity * d;
+    float *sums = sc + group * seen;
+#define EACH_POSITION(p) for (int64_t p = 0; p < seen; p = p + 1 == head_end && lo > p + 1 ? lo : p + 1)
+    EACH_POSITION(p) {
+        for (int64_t i = 0; i < d; i++) wide[i] = half_to_float(keys[p * d + i]);
+        for (int64_t h = 0; h < group; h++) {
+            const float *q = A->qkv + r * A->qkv_width + (h0 + h) * d;
+            float s = 0.0f;
+            for (int64_t i = 0; i < d; i++) s += q[i] * wide[i];
+            sc[h * seen + p] = s * A->scale;
+        }
+    }
+    for (int64_t h = 0; h < group; h++) {
+        float top = -INFINITY, sum = 0.0f, *row = sc + h * seen;
+        EACH_POSITION(p) top = row[p] > top ? row[p] : top;
+        EACH_POSITION(p) {
+            row[p] = expf(row[p] - top);
+            sum += row[p];
+        }
+        sums[h] = sum;
+        float *out = A->att + (r * A->n_heads + h0 + h) * d;
+        for (int64_t i = 0; i < d; i++) out[i] = 0.0f;
+    }
+    EACH_POSITION(p) {
+        for (int64_t i = 0; i < d; i++) wide[i] = half_to_float(values[p * d + i]);
+        for (int64_t h = 0; h < group; h++) {
+            float e = sc[h * seen + p], *out = A->att + (r * A->n_heads + h0 + h) * d;
+            for (int64_t i = 0; i < d; i++) out[i] += e * wide[i];
+        }
+    }
+#undef EACH_POSITION
+    for (int64_t h = 0; h < group; h++) {
+        float inv = 1.0f / sums[h], *out = A->att + (r * A->n_heads + h0 + h) * d;
+        for (int64_t i = 0; i < d; i++) out[i] *= inv;
+    }
+}
+
+static void silu_mul(const float *gate, const float *up, int64_t count, float *out) {
+    for (int64_t i = 0; i < count; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+#endif
 
 #ifdef STACK_PHASES
 /* Seconds each phase of the layers' loop took, summed over calls: what
@@ -871,8 +1010,12 @@ static int run_stack(float *x, int64_t n, int64_t needed, int64_t start, const L
     int64_t chunk = (group + chunks - 1) / chunks;
     int64_t task_rows = n < ATT_ROWS ? n : ATT_ROWS; /* a step's one row needs one row's scores, not 8 */
     int64_t parts = (end + ATT_PART - 1) / ATT_PART, may_split = threads > 1 && n_kv % threads != 0 && parts > 1;
-    int64_t per_thread = group * task_rows;          /* queries a task takes at most */
-    float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread * ATT_PART));
+#ifdef OMNI_SIMD
+    int64_t per_thread = group * task_rows, per_query = ATT_PART; /* queries a task takes at most, scores each */
+#else
+    int64_t per_thread = group, per_query = end + 1; /* attend_row: a row's every score and its sum */
+#endif
+    float *score_room = lines(sizeof(float) * (size_t)(threads * per_thread * per_query));
     float *top_room = lines(sizeof(float) * (size_t)(threads * per_thread * 4));
     float *o_room = lines(sizeof(float) * (size_t)(threads * per_thread * d));
     float *wide_room = lines(sizeof(float) * (size_t)(threads * ATT_BLOCK * d));
@@ -884,9 +1027,13 @@ static int run_stack(float *x, int64_t n, int64_t needed, int64_t start, const L
 #pragma omp parallel num_threads(threads) if (threads > 1)
         {
             int me = omp_get_thread_num(); /* this thread's room, one task's at a time */
-            AttRoom room_me = {score_room + me * per_thread * ATT_PART, top_room + me * per_thread * 4,
+#ifdef OMNI_SIMD
+            AttRoom room_me = {score_room + me * per_thread * per_query, top_room + me * per_thread * 4,
                                o_room + me * per_thread * d, wide_room + me * ATT_BLOCK * d,
                                qb_room + me * per_thread * d};
+#else
+            float *my_scores = score_room + me * per_thread * per_query, *my_wide = wide_room + me * ATT_BLOCK * d;
+#endif
             for (int64_t l = 0; l < n_layers; l++) {
                 const Layer *L = layers + l;
                 /* Rows from `first` on go past the cache: in the last layer only the `needed`
@@ -907,6 +1054,7 @@ static int run_stack(float *x, int64_t n, int64_t needed, int64_t start, const L
                                    keys, values, capacity, start + r);
                 team_wait(&bar);
                 PHASE(2);
+#ifdef OMNI_SIMD
                 int split = may_split && blocks == 1;
                 Attention A = {qkv, keys, values, att, split ? split_room : NULL,
                                split ? split_room + parts * task_rows * n_heads * d : NULL,
@@ -932,6 +1080,14 @@ static int run_stack(float *x, int64_t n, int64_t needed, int64_t start, const L
                         if (h0 < h1) attend_group(&A, &room_me, j, r0, r1, h0, h1, 0, (start + r1 + ATT_PART - 1) / ATT_PART);
                     }
                 }
+#else
+                (void)blocks, (void)chunk, (void)split_room;
+                Attention A = {qkv, keys, values, att, NULL, NULL, qkv_width, start, n_heads, capacity, d, first,
+                               task_rows, window, scale};
+#pragma omp for schedule(static) nowait
+                for (int64_t t = 0; t < n_kv * (n - first); t++)
+                    attend_row(&A, my_scores, my_wide, t / (n - first), first + t % (n - first), group);
+#endif
                 team_wait(&bar);
                 PHASE(3);
                 int64_t m = n - first; /* rows [first, n) from here on */
@@ -1000,6 +1156,14 @@ typedef struct {
 } StackParams;
 
 int kernel_abi(void) { return KERNEL_ABI; }
+
+/* The hash of the sources and flags this library was built from (build.py's
+   source_tag, which its build passes in): build.py loads a prebuilt library only
+   for the sources it was built from. */
+#ifndef OMNI_SOURCE_TAG
+#define OMNI_SOURCE_TAG ""
+#endif
+const char *kernel_source_tag(void) { return OMNI_SOURCE_TAG; }
 
 /* run_stack on p's arguments: 0, -1 as there, or STACK_WRONG_ABI where p comes from
    code built for another version of the struct (its fields would be read askew). */

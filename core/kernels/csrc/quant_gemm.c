@@ -41,19 +41,28 @@ this CPU gives (docs/performance.md). Q4_K's one float step per superblock inste
 one per group matters on AVX2, where the rows' products, not the stream, set
 the cost of several rows (docs/performance.md).
 */
-#include <immintrin.h>
-#include <linux/futex.h>
 #include <math.h>
-#include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <x86intrin.h>
 
 #include "quant_gemm.h"
+
+#ifdef OMNI_SIMD
+#include <immintrin.h>
+#include <x86intrin.h>
+#endif
+/* team_wait's sleep: a futex on Linux; elsewhere the waiter yields its CPU. */
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#elif defined(_WIN32)
+#include <windows.h>
+#else
+#include <sched.h>
+#endif
 
 #define GROUP 32
 #define CHANNELS 16
@@ -71,6 +80,7 @@ the cost of several rows (docs/performance.md).
    so the integers are those of the plain loop. Vectorized and split between the threads: as a scalar loop on one
    thread it was a visible part of a long prompt's 8960-wide products. k: a
    multiple of 32. */
+#ifdef OMNI_SIMD
 static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, int16_t *sums, int64_t width) {
 #ifdef OMNI_ZMM
     __m512 top = _mm512_setzero_ps();
@@ -109,6 +119,25 @@ static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scal
 #endif
     }
 }
+#else
+/* The plain loop: the same absmax, scale and rounding (lrintf: to nearest, ties to
+   even, in the default mode), so the same integers as the SIMD builds'. */
+static void quantize_row(const float *xr, int64_t k, int8_t *qr, float *row_scale, int16_t *sums, int64_t width) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; i++) amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *row_scale = amax / 127.0f;
+    for (int64_t g = 0; g < k / width; g++) {
+        int32_t sum = 0;
+        for (int64_t i = g * width; i < (g + 1) * width; i++) {
+            int32_t q = (int32_t)lrintf(xr[i] * inv);
+            qr[i] = (int8_t)q;
+            sum += q;
+        }
+        sums[g] = (int16_t)sum;
+    }
+}
+#endif
 
 /* A row's per-group term for the layouts other than Q4_K (gemm_team). */
 typedef union {
@@ -157,6 +186,7 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
 #else
 #define FAR_ROWS MAX_ROWS
 #endif
+#ifdef OMNI_SIMD
 /* far: also FAR bytes ahead into L2 (gemm_team decides, per product and block of rows). */
 static inline __attribute__((always_inline)) void ahead(const uint8_t *b, int bytes, int far) {
     for (int line = 0; line < bytes; line += 64) _mm_prefetch((const char *)b + PREFETCH + line, _MM_HINT_NTA);
@@ -612,8 +642,152 @@ static inline __attribute__((always_inline)) void q8_column(
             _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_set1_ps(row_scale[r])));
 }
 #endif
+#else
+/* The generic build's columns (ggml's *_generic dot products: scalar loops, no
+   intrinsics). Each group's weights are unpacked once into q[channel][input] and
+   used by every row of the block; the integers are the SIMD builds' exactly, and
+   the float steps are theirs in the same order (fmaf for their fused multiply-adds),
+   so every layout gives the SIMD builds' bits (tests/test_kernels.py). far: unused
+   (no prefetch hints in plain C). */
 
-#ifdef __AMX_BF16__
+/* A group's 16 x 32 nibbles (nibbles()'s layout: byte t*64 + j*4 + b holds channel
+   j's inputs 4t+b, low nibble, and 16+4t+b, high nibble). */
+static void unpack_nibbles(const uint8_t *b, uint8_t q[CHANNELS][GROUP]) {
+    for (int t = 0; t < 4; t++)
+        for (int j = 0; j < CHANNELS; j++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t byte = b[64 * t + 4 * j + i];
+                q[j][4 * t + i] = byte & 0x0F;
+                q[j][16 + 4 * t + i] = byte >> 4;
+            }
+}
+
+/* sum(q[i] * x[i]) over `count` inputs, in integers. */
+static inline int32_t int_dot(const uint8_t *q, const int8_t *x, int count) {
+    int32_t d = 0;
+    for (int i = 0; i < count; i++) d += (int32_t)q[i] * x[i];
+    return d;
+}
+
+static inline void store_rows(float acc[MAX_ROWS][CHANNELS], const float *row_scale, int rows, float *y,
+                              int64_t ldy) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < CHANNELS; j++) y[r * ldy + j] = acc[r][j] * row_scale[r];
+}
+
+static void q4k_column(const uint8_t *column, int64_t groups, const int8_t *xq, const int16_t *sums, int64_t stride,
+                       const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
+    (void)far;
+    float acc[MAX_ROWS][CHANNELS] = {{0}};
+    uint8_t q[CHANNELS][GROUP];
+    const uint8_t *head = column;
+    for (int64_t g0 = 0; g0 < groups; g0 += SUPER_GROUPS) {
+        int count = groups - g0 < SUPER_GROUPS ? (int)(groups - g0) : SUPER_GROUPS;
+        const uint8_t *first = head + SUPER_HEAD;
+        int32_t dots[MAX_ROWS][CHANNELS] = {{0}}, mins[MAX_ROWS][CHANNELS] = {{0}};
+        for (int i = 0; i < count; i++) {
+            const uint8_t *b = first + i * GROUP_BYTES, *sc = b + 256, *m = b + 272;
+            unpack_nibbles(b, q);
+            for (int r = 0; r < rows; r++) {
+                const int8_t *x = xq + r * k + (g0 + i) * GROUP;
+                int32_t group_sum = sums[r * stride + g0 + i];
+                for (int j = 0; j < CHANNELS; j++) {
+                    dots[r][j] += int_dot(q[j], x, GROUP) * sc[j];
+                    mins[r][j] += m[j] * group_sum;
+                }
+            }
+        }
+        for (int j = 0; j < CHANNELS; j++) {
+            float d = half_to_float(((const uint16_t *)head)[j]), dmin = half_to_float(((const uint16_t *)head)[16 + j]);
+            for (int r = 0; r < rows; r++) {
+                acc[r][j] = fmaf((float)dots[r][j], d, acc[r][j]);
+                acc[r][j] = fmaf(-(float)mins[r][j], dmin, acc[r][j]);
+            }
+        }
+        head = first + count * GROUP_BYTES;
+    }
+    store_rows(acc, row_scale, rows, y, ldy);
+}
+
+/* Q4_1's form: per group acc += s * dot + z * sum(group). */
+static void q4_column(const uint8_t *blocks, int64_t groups, const int8_t *xq, const float *group_sum, int64_t stride,
+                      const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
+    (void)far;
+    float acc[MAX_ROWS][CHANNELS] = {{0}};
+    uint8_t q[CHANNELS][GROUP];
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q4_BLOCK_BYTES;
+        const uint16_t *s = (const uint16_t *)(b + 256), *z = (const uint16_t *)(b + 288);
+        unpack_nibbles(b, q);
+        for (int r = 0; r < rows; r++) {
+            const int8_t *x = xq + r * k + g * GROUP;
+            float sum = group_sum[r * stride + g];
+            for (int j = 0; j < CHANNELS; j++) {
+                acc[r][j] = fmaf((float)int_dot(q[j], x, GROUP), half_to_float(s[j]), acc[r][j]);
+                acc[r][j] = fmaf(half_to_float(z[j]), sum, acc[r][j]);
+            }
+        }
+    }
+    store_rows(acc, row_scale, rows, y, ldy);
+}
+
+/* 6-bit: q = low nibble | high bit pair << 4 (six_bit_register's layout: the pairs
+   of register 4s+f's byte i at bits 2f..2f+1 of byte i of the 64 at 256 + 64s);
+   per 16-input part s, d = sum(q x) - 32 sum(x), acc += scale * d. */
+static void q6k_column(const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *part_shift,
+                       int64_t stride, const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
+    (void)far;
+    float acc[MAX_ROWS][CHANNELS] = {{0}};
+    uint8_t q[CHANNELS][GROUP];
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q6_BLOCK_BYTES;
+        unpack_nibbles(b, q);
+        for (int s = 0; s < 2; s++)
+            for (int f = 0; f < 4; f++)
+                for (int j = 0; j < CHANNELS; j++)
+                    for (int i = 0; i < 4; i++)
+                        q[j][16 * s + 4 * f + i] |= ((b[256 + 64 * s + 4 * j + i] >> (2 * f)) & 3) << 4;
+        for (int r = 0; r < rows; r++) {
+            const int8_t *x = xq + r * k + g * GROUP;
+            for (int s = 0; s < 2; s++) {
+                const uint16_t *sc = (const uint16_t *)(b + 384 + 32 * s);
+                int32_t shift = part_shift[r * stride + 2 * g + s];
+                for (int j = 0; j < CHANNELS; j++)
+                    acc[r][j] = fmaf((float)(shift + int_dot(q[j] + 16 * s, x + 16 * s, 16)), half_to_float(sc[j]),
+                                     acc[r][j]);
+            }
+        }
+    }
+    store_rows(acc, row_scale, rows, y, ldy);
+}
+
+/* 8-bit: byte t*64 + j*4 + i holds channel j's input 4t+i as q + 128; per group
+   acc += scale * sum(q x). */
+static void q8_column(const uint8_t *blocks, int64_t groups, const int8_t *xq, const int32_t *group_shift,
+                      int64_t stride, const float *row_scale, int64_t k, int rows, int far, float *y, int64_t ldy) {
+    (void)far, (void)group_shift, (void)stride;
+    float acc[MAX_ROWS][CHANNELS] = {{0}};
+    int8_t q[CHANNELS][GROUP];
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *b = blocks + g * Q8_BLOCK_BYTES;
+        const uint16_t *sc = (const uint16_t *)(b + 512);
+        for (int t = 0; t < 8; t++)
+            for (int j = 0; j < CHANNELS; j++)
+                for (int i = 0; i < 4; i++) q[j][4 * t + i] = (int8_t)(b[64 * t + 4 * j + i] ^ 0x80);
+        for (int r = 0; r < rows; r++) {
+            const int8_t *x = xq + r * k + g * GROUP;
+            for (int j = 0; j < CHANNELS; j++) {
+                int32_t d = 0;
+                for (int i = 0; i < GROUP; i++) d += (int32_t)q[j][i] * x[i];
+                acc[r][j] = fmaf((float)d, half_to_float(sc[j]), acc[r][j]);
+            }
+        }
+    }
+    store_rows(acc, row_scale, rows, y, ldy);
+}
+#endif
+
+#ifdef OMNI_AMX
 /* Long row blocks (a prompt's prefill, the drafter's prompt read) on AMX tiles: the
    products of many rows are compute-bound, and VPDPBUSD reaches ~0.5 TFLOPS on two
    cores where AMX's bf16 tiles multiply 16 x 16 x 32 at once. Each thread
@@ -831,6 +1005,42 @@ int amx_rows(void) { return 0; }
    for whole scheduler slices. */
 #define SPIN_TICKS 3000000
 #define CROWDED_SPIN_TICKS 2000
+/* The clock a waiter spins by and its pause: the TSC on x86; in the generic build
+   a count of polls (~1 ns each) and no pause instruction. */
+#ifdef OMNI_SIMD
+#define SPIN_CLOCK() __rdtsc()
+#define SPIN_PAUSE() _mm_pause()
+#else
+static inline uint64_t spin_polls(void) {
+    static _Thread_local uint64_t polls = 0;
+    return polls++;
+}
+#define SPIN_CLOCK() spin_polls()
+#define SPIN_PAUSE() ((void)0)
+#endif
+
+/* Sleep while *word holds value (sleep_while), or wake its sleepers: a futex on
+   Linux; elsewhere the waiter yields its CPU and polls again (nothing to wake). */
+static void sleep_while(_Atomic int *word, int value) {
+#ifdef __linux__
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
+#else
+    (void)word, (void)value;
+#ifdef _WIN32
+    SwitchToThread();
+#else
+    sched_yield();
+#endif
+#endif
+}
+
+static void wake_all(_Atomic int *word) {
+#ifdef __linux__
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+#else
+    (void)word;
+#endif
+}
 
 void team_wait(TeamBarrier *bar) {
     int threads = omp_get_num_threads();
@@ -844,19 +1054,19 @@ void team_wait(TeamBarrier *bar) {
            counts itself before it sleeps, and its futex wait checks the generation, so
            either this sees it or it sees the new generation. */
         if (atomic_load(&bar->sleepers))
-            syscall(SYS_futex, &bar->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+            wake_all(&bar->generation);
         return;
     }
     static _Atomic int cpus = 0; /* omp_get_num_procs() asks the OS each time */
     if (!cpus) cpus = omp_get_num_procs();
-    uint64_t until = __rdtsc() + (threads > cpus ? CROWDED_SPIN_TICKS : SPIN_TICKS);
+    uint64_t until = SPIN_CLOCK() + (threads > cpus ? CROWDED_SPIN_TICKS : SPIN_TICKS);
     while (atomic_load_explicit(&bar->generation, memory_order_acquire) == generation) {
-        if (__rdtsc() < until) {
-            _mm_pause();
+        if (SPIN_CLOCK() < until) {
+            SPIN_PAUSE();
             continue;
         }
         atomic_fetch_add(&bar->sleepers, 1);
-        syscall(SYS_futex, &bar->generation, FUTEX_WAIT_PRIVATE, generation, NULL, NULL, 0);
+        sleep_while(&bar->generation, generation);
         atomic_fetch_sub(&bar->sleepers, 1);
     }
 }
@@ -871,7 +1081,7 @@ int gemm_room(GemmRoom *room, int64_t rows, int64_t k, int threads) {
     room->sums = (int16_t *)malloc(sizeof(int16_t) * (size_t)(rows * stride));
     room->terms = malloc(sizeof(Term) * (size_t)(rows * stride));
     int failed = !room->xq || !room->row_scale || !room->sums || !room->terms;
-#ifdef __AMX_BF16__
+#ifdef OMNI_AMX
     if (rows >= AMX_ROWS && amx_granted()) {
         room->xb = (uint16_t *)lines(sizeof(uint16_t) * (size_t)((rows + 31) / 32 * 32 * k));
         room->wt = (uint16_t *)lines(sizeof(uint16_t) * (size_t)(threads * 2 * (k / GROUP) * TILE_BF16));
@@ -901,7 +1111,7 @@ int gemm_team(int kind, const float *x, int64_t m, int64_t k, const uint8_t *wei
     case LAYOUT_Q8_0: column_bytes = groups * Q8_BLOCK_BYTES; break;
     default: return -1;
     }
-#ifdef __AMX_BF16__
+#ifdef OMNI_AMX
     if (m >= AMX_ROWS && room->xb) {
         amx_team(kind, x, m, k, weights, column_bytes, n, y, ldy, beside, room, bar);
         return 0;

@@ -11,18 +11,78 @@
 #define STACK_WRONG_ABI (-2)
 int kernel_abi(void);
 
+/* OMNI_SIMD: the x86 builds' intrinsics (build.py's ISAS: AVX2 and above). Without
+   it (the generic build, -DOMNI_GENERIC, or a compiler for another CPU) every kernel
+   is plain C: scalar loops after ggml's *_generic code, the reference the SIMD builds
+   are tested against and the fallback where none of them runs (old x86, ARM, macOS). */
+#if defined(__AVX2__) && !defined(OMNI_GENERIC)
+#define OMNI_SIMD 1
+#endif
+/* AMX's tiles are lent by Linux only (quant_gemm.c asks with arch_prctl). */
+#if defined(OMNI_SIMD) && defined(__AMX_BF16__) && defined(__linux__)
+#define OMNI_AMX 1
+#endif
+
+/* OpenMP where the compiler has it (Apple's clang has not): without it the
+   pragmas are ignored and each kernel runs on the calling thread. */
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
+static inline int omp_get_num_procs(void) { return 1; }
+#endif
+
+/* fp16 <-> float32 in plain C (ggml's fp16 conversions without F16C): the generic
+   build's scales and KV cache. Round to nearest even, as F16C's VCVTPS2PH with
+   _MM_FROUND_TO_NEAREST_INT, so both builds store the same cache bits for the same
+   floats. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13); /* infinity, NaN */
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalize */
+        int shift = 0;
+        while (!(man & 0x400)) man <<= 1, shift++;
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3FF) << 13);
+    } else {
+        bits = sign;
+    }
+    union { uint32_t u; float f; } v = {bits};
+    return v.f;
+}
+
+static inline uint16_t float_to_half(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t x = v.u, sign = (x >> 16) & 0x8000, abs = x & 0x7FFFFFFF;
+    if (abs > 0x7F800000u) return (uint16_t)(sign | 0x7E00); /* NaN */
+    if (abs >= 0x477FF000u) return (uint16_t)(sign | 0x7C00); /* rounds past 65504: infinity */
+    if (abs < 0x38800000u) { /* below fp16's smallest normal: a subnormal or zero */
+        if (abs < 0x33000000u) return (uint16_t)sign; /* under half the smallest subnormal */
+        uint32_t man = (abs & 0x7FFFFF) | 0x800000, shift = 126 - (abs >> 23);
+        uint32_t half = man >> shift, rest = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = ((abs >> 13) - (112u << 10)), rest = abs & 0x1FFF;
+    if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+}
+
 /* The builds' vector widths (build.py's ISAS). OMNI_ZMM: 512-bit code, where AVX-512
    is on and the build did not ask for the 256-bit code (OMNI_YMM: the avxvnni-evex
    build, AVX-VNNI's code in AVX-512 VL's encodings, to test and time it where
    AVX-512 VNNI runs). DPBUSD256: a 256-bit VPDPBUSD, AVX-VNNI's (Intel's desktop
    CPUs since Alder Lake, AMD's since Zen 5) or AVX-512 VL's; without it the AVX2
    code multiplies with VPMADDUBSW. */
-#if defined(__AVX512F__) && !defined(OMNI_YMM)
+#if defined(OMNI_SIMD) && defined(__AVX512F__) && !defined(OMNI_YMM)
 #define OMNI_ZMM 1
 #endif
-#if defined(__AVXVNNI__)
+#if defined(OMNI_SIMD) && defined(__AVXVNNI__)
 #define DPBUSD256 _mm256_dpbusd_avx_epi32
-#elif defined(OMNI_YMM) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#elif defined(OMNI_SIMD) && defined(OMNI_YMM) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPBUSD256 _mm256_dpbusd_epi32
 #endif
 
