@@ -11,6 +11,7 @@ in this session or a later one.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -45,6 +46,17 @@ from PySide6.QtWidgets import (
 
 from . import theme
 
+log = logging.getLogger(__name__)
+
+
+def download_failure(exc: BaseException) -> str:
+    """A sentence for a download that failed unexpectedly (the log has the rest)."""
+    from omnidraft.core.storage.persistence import is_disk_full
+
+    if is_disk_full(exc):
+        return "The download failed: the disk is full. Free some space and try again; it resumes where it stopped."
+    return "The download failed unexpectedly; try again (it resumes where it stopped). The log has the details."
+
 PROGRESS_MS = 100  # how often the progress bars are updated while downloads run
 COLUMNS = ("Model", "Download", "Memory needed", "On this computer", "Status", "")
 
@@ -78,8 +90,9 @@ class _Transfer:
             self._emit(self.relay.failed, self.offer.id, "")
         except DownloadError as exc:
             self._emit(self.relay.failed, self.offer.id, str(exc))
-        except Exception as exc:  # noqa: BLE001 - a thread's error must reach the person
-            self._emit(self.relay.failed, self.offer.id, f"The download failed ({type(exc).__name__}: {exc}).")
+        except Exception as exc:  # a thread's error must reach the person
+            log.warning("download of %s failed", self.offer.id, exc_info=exc)
+            self._emit(self.relay.failed, self.offer.id, download_failure(exc))
         else:
             self._emit(self.relay.finished, self.offer.id, str(path))
 
@@ -149,8 +162,9 @@ class GetModelsDialog(QDialog):
         self.table.setColumnWidth(4, 150)  # room for a progress bar's "37% of 4.7 GB"
         layout.addWidget(self.table, 1)
         note = QLabel(
-            "Memory needed: the app de-quantizes a model's weights to bf16 when it loads it "
-            "(and keeps a converted copy of that size on disk, made on first use)."
+            "Memory needed: the model file (its weights run as the file stores them), its "
+            "memory of the conversation (the KV cache) at your context length (Settings; else "
+            "the model's own), and about 1.3 GB for the app and the drafter."
         )
         note.setWordWrap(True)
         note.setObjectName("MessageMeta")

@@ -131,4 +131,4 @@ def test_curated_offers_are_instruct_gguf_files_with_sizes():
         assert "/" in offer.repo_id and offer.size_bytes > 500_000_000
         # A Q4_K_M file holds ~4.5-6 bits per weight.
         assert 4.0 < offer.size_bytes * 8 / offer.params < 7.0, offer
-        assert offer.memory_bytes == memory_needed(offer.params) > offer.size_bytes
+        assert offer.memory_bytes == memory_needed(offer.size_bytes, offer.kv_per_token, offer.window) > offer.size_bytes

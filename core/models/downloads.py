@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from ..stopping import ShouldStop, never
 from ..storage import paths
-from .catalog import memory_needed
+from .catalog import KV_ELEMENT_BYTES, chosen_context, memory_needed
 
 # (bytes of the file on disk so far, its full size). Called for every piece received.
 Progress = Callable[[int, int], None]
@@ -65,15 +65,24 @@ class Offer:
     description: str
     license: str
     revision: str = "main"
+    # Its KV cache's bytes per token (2 x layers x KV heads x head_dim x 2 bytes,
+    # from the model's published config) and its context window.
+    kv_per_token: int = 0
+    window: int = 0
 
     @property
     def memory_bytes(self) -> int:
-        """What running it here takes (the catalog's rule: weights de-quantized to bf16)."""
-        return memory_needed(self.params)
+        """What running it here takes (the catalog's rule: the file, its KV cache
+        at the chosen context length, the runtime)."""
+        return memory_needed(self.size_bytes, self.kv_per_token, chosen_context(self.window))
 
     @property
     def page(self) -> str:
         return f"https://huggingface.co/{self.repo_id}"
+
+
+def _kv(layers: int, kv_heads: int, head_dim: int) -> int:
+    return 2 * layers * kv_heads * head_dim * KV_ELEMENT_BYTES
 
 
 # Q4_K_M files of instruct models whose architectures transformers loads from GGUF.
@@ -85,31 +94,31 @@ CURATED: tuple[Offer, ...] = (
     Offer("qwen2.5-coder-3b-instruct-q4km", "Qwen2.5-Coder-3B-Instruct",
           "Qwen/Qwen2.5-Coder-3B-Instruct-GGUF", "qwen2.5-coder-3b-instruct-q4_k_m.gguf",
           2_104_932_800, 3_090_000_000, "code and chat, a step up from the bundled 1.5B",
-          "Qwen Research License"),
+          "Qwen Research License", kv_per_token=_kv(36, 2, 128), window=32768),
     Offer("qwen2.5-coder-7b-instruct-q4km", "Qwen2.5-Coder-7B-Instruct",
           "Qwen/Qwen2.5-Coder-7B-Instruct-GGUF", "qwen2.5-coder-7b-instruct-q4_k_m.gguf",
           4_683_073_536, 7_620_000_000, "strong code model; needs a lot of memory",
-          "Apache-2.0"),
+          "Apache-2.0", kv_per_token=_kv(28, 4, 128), window=32768),
     Offer("llama-3.2-1b-instruct-q4km", "Llama-3.2-1B-Instruct",
           "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf",
           807_694_464, 1_240_000_000, "small, quick general chat",
-          "Llama 3.2 Community License"),
+          "Llama 3.2 Community License", kv_per_token=_kv(16, 8, 64), window=131072),
     Offer("llama-3.2-3b-instruct-q4km", "Llama-3.2-3B-Instruct",
           "unsloth/Llama-3.2-3B-Instruct-GGUF", "Llama-3.2-3B-Instruct-Q4_K_M.gguf",
           2_019_377_600, 3_210_000_000, "general chat, writing, summaries",
-          "Llama 3.2 Community License"),
+          "Llama 3.2 Community License", kv_per_token=_kv(28, 8, 128), window=131072),
     Offer("gemma-3-1b-it-q4km", "Gemma-3-1B-it",
           "bartowski/google_gemma-3-1b-it-GGUF", "google_gemma-3-1b-it-Q4_K_M.gguf",
           806_058_496, 1_000_000_000, "small general chat, many languages",
-          "Gemma Terms of Use"),
+          "Gemma Terms of Use", kv_per_token=_kv(26, 1, 256), window=32768),
     Offer("gemma-3-4b-it-q4km", "Gemma-3-4B-it",
           "bartowski/google_gemma-3-4b-it-GGUF", "google_gemma-3-4b-it-Q4_K_M.gguf",
           2_489_758_112, 3_880_000_000, "general chat, many languages (text only here)",
-          "Gemma Terms of Use"),
+          "Gemma Terms of Use", kv_per_token=_kv(34, 4, 256), window=131072),
     Offer("phi-4-mini-instruct-q4km", "Phi-4-mini-instruct",
           "unsloth/Phi-4-mini-instruct-GGUF", "Phi-4-mini-instruct-Q4_K_M.gguf",
           2_491_874_272, 3_840_000_000, "reasoning, maths and code",
-          "MIT"),
+          "MIT", kv_per_token=_kv(32, 8, 128), window=131072),
 )
 
 

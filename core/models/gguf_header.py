@@ -105,3 +105,38 @@ def _parse(cursor: _Cursor) -> GGUFHeader:
     data_start = -(-cursor.pos // alignment) * alignment
     tensors = [Tensor(name, kind, math.prod(dims), dims, data_start + offset) for name, dims, kind, offset in infos]
     return GGUFHeader(version, metadata, tensors)
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What a model's KV cache holds per token: layers x KV heads x head_dim,
+    keys and values; window: its context length."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    window: int
+
+    def bytes_per_token(self, element_bytes: int = 2) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * element_bytes
+
+
+def kv_shape(header: GGUFHeader) -> KVShape | None:
+    """The KV cache's shape from a GGUF header's {arch}.* keys (None: the header
+    does not say). A per-layer KV head count (an array) reads as its length, so
+    the head count falls back to the query heads' (an overestimate)."""
+    meta = header.metadata
+    arch = meta.get("general.architecture")
+
+    def number(key: str) -> int | None:
+        value = meta.get(f"{arch}.{key}")
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    layers, heads = number("block_count"), number("attention.head_count")
+    if not layers or not heads:
+        return None
+    kv_heads = min(number("attention.head_count_kv") or heads, heads)  # an array's length is no head count
+    head_dim = number("attention.key_length") or (number("embedding_length") or 0) // heads
+    if not head_dim:
+        return None
+    return KVShape(layers, kv_heads, head_dim, number("context_length") or 0)

@@ -1,15 +1,22 @@
-"""Loading catalog entries into (model, tokenizer), via a cached safetensors copy.
+"""Loading catalog entries into (model, tokenizer).
 
-transformers de-quantizes a GGUF file in 30-90 s here; we do it once and keep a
-bf16 safetensors copy in the user cache dir, which later loads in well under 5 s.
-A copy is written into a temporary folder and renamed into place only when
-complete, so a conversion killed half-way is never mistaken for a good cache.
+A GGUF file loads straight from its own blocks (core/models/gguf_model.py): no
+de-quantized copy on disk, no full-precision model in memory. A target's large
+linear layers go into the kernels' layouts from the file (int8 for the types
+the kernels do not take), its token table stays in the file's blocks, and only
+the small tensors are de-quantized, one at a time. The drafter (int8=False) is
+materialised in float one tensor at a time, for the learner's LoRA training. A
+Hugging Face folder loads with transformers, then (int8) its layers are
+quantized.
+
+Earlier versions kept a de-quantized bf16 copy of each GGUF file in
+cache/models; the first load removes that folder (remove_converted_copies).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,18 +24,27 @@ from pathlib import Path
 
 import torch
 
+from ..kernels import layouts
 from ..kernels.build import unavailable as kernels_unavailable
+from ..stopping import ShouldStop, never
 from ..storage import paths
-from ..storage.persistence import partial_path, remove_stale_partials
-from . import converted_cache
-from .bundled_models import Progress, gemma_terms_files, no_progress
-from .catalog import GEMMA_ID, ModelEntry, ModelError, bundled_path, inspect_path
+from .bundled_models import Progress, no_progress
+from .catalog import ModelEntry, ModelError, bundled_path, inspect_path
 from .lean_llama import supports as lean_supports
 from .quantize import FourBit, k_quant_reader, quantize_int8
 from .target_runtime import TargetRunner
 
-_COMPLETE = converted_cache.MARKER
-CONVERTED_FORMAT = 1
+log = logging.getLogger(__name__)
+
+
+class LoadCancelled(ModelError):
+    """load() stopped because its should_stop() said so. A ModelError, so a caller
+    that only handles those still shows a sentence; one that asked for the stop
+    catches this first and says nothing (it was not a failure). Nothing of the
+    half-loaded model is kept."""
+
+    def __init__(self, name: str):
+        super().__init__(f"Loading {name} was cancelled.")
 
 
 @dataclass
@@ -56,68 +72,40 @@ def source_path(entry: ModelEntry, progress: Progress = no_progress) -> Path:
     return Path(entry.path)
 
 
-def _cache_key(gguf: Path) -> str:
-    st = gguf.stat()
-    token = f"{gguf.resolve()}|{st.st_size}|{int(st.st_mtime)}|{CONVERTED_FORMAT}"
-    return hashlib.sha1(token.encode()).hexdigest()[:12]
+def converted_copies() -> Path:
+    """Where earlier versions kept de-quantized copies of GGUF files."""
+    return paths.cache_dir() / "models"
 
 
-def converted_dir(entry: ModelEntry, gguf: Path) -> Path:
-    return paths.cache_dir() / "models" / f"{entry.id}-{_cache_key(gguf)}"
+def remove_converted_copies() -> bool:
+    """Delete the de-quantized copies an earlier version left (3.6 GB for the
+    default target); True when there were some. Nothing reads them any more."""
+    folder = converted_copies()
+    if not folder.exists() and not folder.is_symlink():
+        return False
+    if folder.is_symlink() or not folder.is_dir():
+        folder.unlink()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    log.info("removed the converted model copies in %s", folder)
+    return True
 
 
-def is_complete(folder: Path) -> bool:
-    return (folder / _COMPLETE).exists()
-
-
-def convert_gguf(entry: ModelEntry, gguf: Path, progress: Progress = no_progress) -> Path:
-    """De-quantize a GGUF file once into a bf16 safetensors folder; returns the folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    dest = converted_dir(entry, gguf)
-    if converted_cache.usable(dest, gguf.name, progress):  # a damaged copy is removed
-        return dest
-    # Anything here without the completion marker is a half-written cache: rebuild it.
-    shutil.rmtree(dest, ignore_errors=True)
-    remove_stale_partials(dest)  # this process's own earlier attempt included
-    tmp = partial_path(dest)
-    progress(f"Converting {gguf.name} (first use only)", 0.35)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        progress("De-quantizing weights", 0.45)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent),
-            gguf_file=gguf.name,
-            dtype=torch.bfloat16,
-            quantization_config=GgufConfig(dequantize=True),
-        )
-    except Exception as exc:
-        raise ModelError(f"{gguf.name} could not be loaded as a model: {exc}") from exc
-    progress("Saving converted copy", 0.85)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if entry.id == GEMMA_ID:
-        for terms in gemma_terms_files():
-            shutil.copy2(terms, tmp / terms.name)
-    converted_cache.seal(tmp, gguf, CONVERTED_FORMAT)
-    converted_cache.publish(tmp, dest, gguf.name)
-    progress("Converted", 0.95)
-    return dest
-
-
-def weights_folder(entry: ModelEntry, progress: Progress = no_progress) -> Path:
-    src = source_path(entry, progress)
-    if not entry.bundled:
-        inspect_path(src)  # the file may have changed or vanished since it was added
-    if src.suffix.lower() == ".gguf":
-        return convert_gguf(entry, src, progress)
-    return src
+def kernel_readers(config, int4: bool = True) -> dict:
+    """The GGUF types a target's layers are read as, into the kernels' layouts
+    (quantize.k_quant_reader says why these): Q4_K and Q6_K, and Q5_0 and Q8_0 for
+    a model that runs lean (Llama, Qwen2); none where the kernels do not run."""
+    if not int4 or kernels_unavailable() is not None:
+        return {}
+    readers = {layouts.Q4_K: layouts.read_q4_k, layouts.Q6_K: layouts.read_q6_k}
+    if lean_supports(config) is None:
+        readers |= {layouts.Q5_0: layouts.read_q5_0, layouts.Q8_0: layouts.read_q8_0}
+    return readers
 
 
 def _four_bit(entry: ModelEntry, model) -> FourBit | None:
-    """Where the target's 4-, 6- and 8-bit layers come from: its GGUF file's
-    K-quant tensors (and Q5_0 and Q8_0 ones for a Llama or Qwen2 model), when
-    the kernels run on this machine (core/kernels/)."""
+    """A Hugging Face folder's layers have no file blocks to read: int8. (Tests
+    hand a reader here to build 4-bit targets from folders.)"""
     src = source_path(entry)
     if src.suffix.lower() != ".gguf" or kernels_unavailable() is not None:
         return None
@@ -130,24 +118,67 @@ def load(
     progress: Progress = no_progress,
     int8: bool = False,
     int4: bool = True,
+    should_stop: ShouldStop = never,
 ) -> LoadedModel:
-    """Load a catalog entry for inference, its linear layers in int8 if asked, and
-    then (int4) a GGUF file's Q4_K ones in 4 bits where this machine runs the
-    4-bit kernel. Raises ModelError with a readable message."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Load a catalog entry for inference. int8: a target, its linear layers in
+    the kernels' layouts (a GGUF file's Q4_K/Q6_K/... blocks, int4) or int8;
+    otherwise every weight in `dtype` (the drafter, which learning trains).
+    should_stop() is checked between tensors: LoadCancelled when it says so.
+    Raises ModelError with a readable message."""
     start = time.perf_counter()
-    folder = weights_folder(entry, progress)
-    progress(f"Loading {entry.name}", 0.96)
+
+    def check() -> None:
+        if should_stop():
+            raise LoadCancelled(entry.name)
+
+    check()
+    src = source_path(entry, progress)
+    if not entry.bundled:
+        inspect_path(src)  # the file may have changed or vanished since it was added
+    if remove_converted_copies():
+        progress("Removed the converted model copies an earlier version kept", 0.3)
+    check()
+    progress(f"Loading {entry.name}", 0.5)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        if src.suffix.lower() == ".gguf":
+            model, tokenizer = _load_gguf(src, dtype, int8, int4, check)
+        else:
+            model, tokenizer = _load_folder(entry, src, dtype, int8, int4, check)
+    except ModelError:
+        raise
     except Exception as exc:
         raise ModelError(f"{entry.name} could not be loaded: {exc}") from exc
-    model.eval()
-    if int8:
-        progress(f"Quantizing {entry.name}", 0.962)
-        quantize_int8(model, _four_bit(entry, model) if int4 else None)
+    _give_back_freed_memory()
     # Not 1.0: the engine still loads the drafter and measures the target after this.
     progress(f"{entry.name} loaded", 0.965)
     return LoadedModel(entry, model, tokenizer, time.perf_counter() - start, int8)
+
+
+def _give_back_freed_memory() -> None:
+    """Return the load's freed temporaries (blocks read, weights de-quantized one
+    at a time) to the system: glibc keeps freed heap pages in the process, where
+    they count as its memory until something reuses them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
+        pass
+
+
+def _load_gguf(src: Path, dtype: torch.dtype, int8: bool, int4: bool, check) -> tuple:
+    from .gguf_model import build
+
+    return build(src, dtype, int8, lambda config: kernel_readers(config, int4), check)
+
+
+def _load_folder(entry: ModelEntry, folder: Path, dtype: torch.dtype, int8: bool, int4: bool, check) -> tuple:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model.eval()
+    check()
+    if int8:
+        quantize_int8(model, _four_bit(entry, model) if int4 else None)
+    return model, tokenizer

@@ -151,8 +151,9 @@ def streamed_bytes(model: torch.nn.Module) -> int:
 
 
 def parameter_count(model: torch.nn.Module) -> int:
-    """Weights of the model as published: its parameters plus the int8 layers' packed ones."""
-    packed = sum(m.weight_count for m in model.modules() if isinstance(m, (Int8Linear, QuantLinear)))
+    """Weights of the model as published: its parameters plus the packed ones (int8
+    and kernel layers, a token table kept in its GGUF blocks: weight_count)."""
+    packed = sum(getattr(m, "weight_count", 0) for m in model.modules())
     return packed + sum(p.numel() for p in model.parameters())
 
 
