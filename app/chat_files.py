@@ -3,15 +3,26 @@ core/storage/chat_export.
 
 Each command has a method taking a path (what tests call) and an ask_ variant
 that first shows the file dialog. An import that fails says why in a box and
-changes nothing; one that works adds a new chat and puts it on screen.
+changes nothing; one that works adds a new chat and puts it on screen. The
+menu's import reads, checks, encrypts and saves the file on a background
+thread (a chat at the 20 MB cap takes seconds), so the window stays responsive.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from pathlib import Path
 
-from omnidraft.core.storage.chat_export import ChatImportError, read_chat_file, write_export
+from omnidraft.core.storage.chat_export import (
+    ChatImportError,
+    ImportedChat,
+    read_chat_file,
+    write_export,
+)
+from omnidraft.core.storage.conversations import Conversation
+from omnidraft.core.storage.persistence import save_failure
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
@@ -19,6 +30,7 @@ from .actions import ActionSpec
 from .chat_pane import ChatPane
 from .target_control import STATUS_MS
 
+log = logging.getLogger(__name__)
 KINDS = {"markdown": ("Markdown", ".md", "Markdown (*.md)"), "json": ("JSON", ".json", "JSON (*.json)")}
 UNCHANGED = "Nothing was imported; your chats are unchanged."
 
@@ -31,10 +43,14 @@ def file_name(title: str, suffix: str) -> str:
 
 class ChatFiles(QObject):
     status = Signal(str, int)  # status-bar text, ms
+    imported = Signal(object)  # the new chat's id, or None when the import was refused
+    _done = Signal(object, object, object)  # (chat, conversation, refusal) from the import thread
 
     def __init__(self, pane: ChatPane, window: QWidget):
         super().__init__(window)
         self.pane, self.window = pane, window
+        self.importing: threading.Thread | None = None
+        self._done.connect(self._finish_import)  # queued: it runs on the window's thread
 
     def rows(self) -> list[ActionSpec]:
         """The File menu's rows for these commands."""
@@ -80,26 +96,53 @@ class ChatFiles(QObject):
         path, _ = QFileDialog.getOpenFileName(self.window, "Import chat", "",
                                               "Chats (*.json *.md *.markdown);;All files (*)")
         if path:
-            self.import_file(Path(path))
+            self.import_in_background(Path(path))
 
     def import_file(self, path: Path) -> str | None:
         """Add the chat in `path` as a new conversation and show it; its id, or None
-        when the file was refused (the box says why)."""
+        when the file was refused (the box says why). Waits for it."""
+        chat, conv, refusal = self._read_and_save(path)
+        return self._finish_import(chat, conv, refusal)
+
+    def import_in_background(self, path: Path) -> None:
+        """import_file on a background thread; `imported` says when it is done."""
+        if self.importing is not None and self.importing.is_alive():
+            self.status.emit("An import is still under way; try again when it is done.", STATUS_MS)
+            return
+        self.status.emit(f"Importing {path.name}…", 0)
+        self.importing = threading.Thread(target=lambda: self._done.emit(*self._read_and_save(path)),
+                                          name="chat-import", daemon=True)
+        self.importing.start()
+
+    def _read_and_save(self, path: Path) -> tuple[ImportedChat | None, Conversation | None, str | None]:
+        """Read, check and save the chat in `path` (any thread): (chat, its saved
+        conversation, None), or (None, None, why it was refused)."""
         try:
             chat = read_chat_file(path)
-            conv = self.pane.store.add(chat.title, chat.messages, chat.system_prompt, chat.model_id,
-                                       chat.created)
+            conv = self.pane.store.write_new(chat.title, chat.messages, chat.system_prompt, chat.model_id,
+                                             chat.created)
         except ChatImportError as exc:
-            QMessageBox.warning(self.window, "Import chat", f"{exc}\n\n{UNCHANGED}")
+            return None, None, str(exc)
+        except OSError as exc:  # the new chat could not be saved (a full disk, ...)
+            return None, None, save_failure("the imported chat", self.pane.store.folder, exc,
+                                            2 * path.stat().st_size, then="")
+        except Exception:  # a thread's failure must still answer (the log has the rest)
+            log.exception("importing %s failed", path)
+            return None, None, f"{path.name} could not be imported: something in it is not what a chat holds."
+        return chat, conv, None
+
+    def _finish_import(self, chat: ImportedChat | None, conv: Conversation | None, refusal: str | None) -> str | None:
+        if refusal is not None or chat is None or conv is None:
+            self.status.emit("", 1)
+            QMessageBox.warning(self.window, "Import chat", f"{refusal}\n\n{UNCHANGED}")
+            self.imported.emit(None)
             return None
-        except OSError as exc:  # the new chat could not be saved (disk full, ...)
-            QMessageBox.warning(self.window, "Import chat", f"Could not save the imported chat: "
-                                f"{exc.strerror or exc}.\n\n{UNCHANGED}")
-            return None
+        self.pane.store.adopt(conv)
         self.pane.show_conversation(conv.id)
         note = " ".join(chat.warnings)
-        self.status.emit(f"Imported “{conv.title}” ({len(conv.messages)} messages). {note}".strip(),
+        self.status.emit(f"Imported “{conv.title}” ({len(conv.messages):,} messages). {note}".strip(),
                          STATUS_MS * 2)
+        self.imported.emit(conv.id)
         return conv.id
 
     def _current(self):

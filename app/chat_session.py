@@ -175,6 +175,7 @@ class ChatSession(QObject):
         request = ChatRequest(
             request_id=self.bridge.next_id(), messages=history, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_p=s.top_p, speculative=s.speculative,
+            top_k=s.top_k, min_p=s.min_p, repetition_penalty=s.repetition_penalty,
         )
         message = continuing or conv.messages[upto]
         prefix = message["content"] if continuing else ""

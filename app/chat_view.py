@@ -7,10 +7,12 @@ unless the user has scrolled up to read something.
 
 from __future__ import annotations
 
+from omnidraft.core.storage.attachments import compose
 from omnidraft.core.storage.conversations import version_of
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QShowEvent
 from PySide6.QtWidgets import (
+    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -18,24 +20,33 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from .attachments import AttachmentTray
 from .chat_session import reply_actions
 from .message_widget import MessageWidget, describe_stats, mask_from_runs
 
 COLUMN_MAX_WIDTH = 860  # long lines are hard to read; wide windows get margins instead
 COMPOSER_MAX_LINES = 8
+# A long chat shows its latest messages, and earlier ones a page at a time on
+# request: a widget per message of a 500,000-message chat would freeze the window.
+SHOWN_MESSAGES = 200
+# A message longer than this shows its beginning: laying out millions of
+# characters (an imported chat at the import cap) takes the window minutes.
+SHOWN_CHARS = 100_000
 
 
 class Composer(QPlainTextEdit):
     submitted = Signal()
+    files_dropped = Signal(list)  # local paths dropped on it: attached, not pasted as text
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.setObjectName("Composer")
-        self.setPlaceholderText("Message OmniDraft…  (Enter to send, Shift+Enter for a new line)")
+        self.setPlaceholderText("Message OmniDraft…  (Enter sends, Shift+Enter adds a line)")
         self.setTabChangesFocus(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.document().contentsChanged.connect(self._fit)
@@ -55,6 +66,30 @@ class Composer(QPlainTextEdit):
         super().showEvent(event)
         self._fit()  # again: the style sheet's padding and font apply only once it is polished
 
+    @staticmethod
+    def _local_files(event) -> list[str]:
+        urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+        return [url.toLocalFile() for url in urls if url.isLocalFile()]
+
+    def dragEnterEvent(self, event) -> None:
+        if self._local_files(event):
+            event.acceptProposedAction()
+        else:
+            super().dragEnterEvent(event)
+
+    def dragMoveEvent(self, event) -> None:
+        if self._local_files(event):
+            event.acceptProposedAction()
+        else:
+            super().dragMoveEvent(event)
+
+    def dropEvent(self, event) -> None:
+        if paths := self._local_files(event):
+            event.acceptProposedAction()
+            self.files_dropped.emit(paths)
+        else:
+            super().dropEvent(event)
+
     def _fit(self) -> None:
         """Grow with the text up to a few lines, then scroll."""
         lines = max(1, min(COMPOSER_MAX_LINES, self.document().lineCount()))
@@ -65,10 +100,20 @@ class Composer(QPlainTextEdit):
 
 
 def _looks(message: dict, assistant_name: str) -> tuple[str, str, str, list[bool]]:
-    """What a message widget shows of a message: role, author, text, drafted mask."""
-    content = message.get("content", "")
+    """What a message widget shows of a message: role, author, text, drafted mask
+    (the text's first SHOWN_CHARS characters, cut_note says the rest)."""
+    content = message.get("content", "")[:SHOWN_CHARS]
     author = "You" if message["role"] == "user" else message.get("author") or assistant_name
     return message["role"], author, content, mask_from_runs(message.get("drafted", []), len(content))
+
+
+def cut_note(message: dict) -> str | None:
+    """What a message too long to lay out says under its beginning."""
+    n = len(message.get("content", ""))
+    if n <= SHOWN_CHARS:
+        return None
+    return (f"This message is {n:,} characters long; its first {SHOWN_CHARS:,} are shown here. "
+            "File → Export chat keeps all of it.")
 
 
 class ChatView(QWidget):
@@ -87,6 +132,9 @@ class ChatView(QWidget):
         self.highlight = False
         self.busy = False
         self._stick_to_bottom = True
+        self.shown_limit = SHOWN_MESSAGES  # how many of the latest messages have widgets
+        self._loaded: tuple[list[dict], str] | None = None  # what load() showed last
+        self._hidden = 0  # how many of its earliest messages have no widget
 
         self.scroll = QScrollArea()
         self.scroll.setObjectName("ChatScroll")
@@ -106,10 +154,15 @@ class ChatView(QWidget):
         self.context_cut.setWordWrap(True)
         self.context_cut.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.context_cut.hide()
+        self.earlier = QPushButton()  # "Show earlier messages", above a long chat's latest ones
+        self.earlier.setObjectName("EarlierMessages")
+        self.earlier.clicked.connect(self.show_earlier)
+        self.earlier.hide()
         self.empty_hint = QLabel()
         self.empty_hint.setObjectName("EmptyHint")
         self.empty_hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.empty_hint.setWordWrap(True)
+        self.column_layout.addWidget(self.earlier)
         self.column_layout.addWidget(self.empty_hint)
         self.column_layout.addStretch(1)
         centred = QHBoxLayout(canvas)
@@ -124,6 +177,15 @@ class ChatView(QWidget):
 
         self.composer = Composer()
         self.composer.submitted.connect(self._submit)
+        # Files in the prompt: the attach button, drops on the composer, the chips above it.
+        self.attachments = AttachmentTray()
+        self.composer.files_dropped.connect(self.attachments.add_paths)
+        self.attach_button = QToolButton()
+        self.attach_button.setObjectName("AttachButton")
+        self.attach_button.setText("+")
+        self.attach_button.setToolTip("Attach text or source files (or drop them on the message box)")
+        self.attach_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.attach_button.clicked.connect(self.choose_files)
         self.send_button = QPushButton("Send")
         self.send_button.setObjectName("SendButton")
         self.send_button.setCursor(Qt.CursorShape.PointingHandCursor)
@@ -131,6 +193,7 @@ class ChatView(QWidget):
         compose_row = QHBoxLayout()
         compose_row.setContentsMargins(0, 0, 0, 0)
         compose_row.setSpacing(8)
+        compose_row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         compose_row.addWidget(self.composer, 1)
         compose_row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
         compose = QFrame()
@@ -140,7 +203,11 @@ class ChatView(QWidget):
         compose_inner.addStretch(1)
         holder = QWidget()
         holder.setMaximumWidth(COLUMN_MAX_WIDTH)
-        holder.setLayout(compose_row)
+        holder_layout = QVBoxLayout(holder)
+        holder_layout.setContentsMargins(0, 0, 0, 0)
+        holder_layout.setSpacing(0)
+        holder_layout.addWidget(self.attachments)
+        holder_layout.addLayout(compose_row)
         compose_inner.addWidget(holder, 100)
         compose_inner.addStretch(1)
 
@@ -159,12 +226,33 @@ class ChatView(QWidget):
             widget.deleteLater()
         self.messages.clear()
         self.context_cut.hide()
+        self.earlier.hide()
         self.empty_hint.show()
+        self._loaded = None
+        self.shown_limit = SHOWN_MESSAGES
+
+    def show_earlier(self) -> None:
+        """Give the next page of earlier messages their widgets."""
+        if self._loaded is not None:
+            self.shown_limit += SHOWN_MESSAGES
+            self._stick_to_bottom = False  # stay with what the person reads
+            self.load(*self._loaded)
 
     def load(self, messages: list[dict], assistant_name: str) -> None:
-        """Show a conversation. The messages already shown as they are stay (a new
-        turn, an edit or a switch of version re-renders only what changed)."""
-        shown = [(i, m, _looks(m, assistant_name)) for i, m in enumerate(messages) if m.get("role") != "system"]
+        """Show a conversation: its latest `shown_limit` messages (show_earlier adds
+        more). The messages already shown as they are stay (a new turn, an edit or a
+        switch of version re-renders only what changed)."""
+        visible = [i for i, m in enumerate(messages) if m.get("role") != "system"]
+        hidden = max(0, len(visible) - self.shown_limit)
+        if self._loaded is None or self._loaded[0] is not messages:  # another chat: its latest page
+            self.shown_limit = SHOWN_MESSAGES
+            hidden = max(0, len(visible) - self.shown_limit)
+        else:  # the same chat: new turns add widgets below, the ones shown stay
+            hidden = min(hidden, self._hidden)
+        self._loaded, self._hidden = (messages, assistant_name), hidden
+        shown = [(i, messages[i], _looks(messages[i], assistant_name)) for i in visible[hidden:]]
+        self.earlier.setText(f"Show earlier messages ({hidden:,} not shown)")
+        self.earlier.setVisible(hidden > 0)
         keep = 0
         while keep < min(len(self.messages), len(shown)) and self.messages[keep].looks() == shown[keep][2]:
             keep += 1
@@ -177,7 +265,7 @@ class ChatView(QWidget):
         for widget, (i, m, _) in zip(self.messages, shown):
             widget.flush()
             widget.index = i
-            widget.set_note(m.get("note"))
+            widget.set_note(" ".join(filter(None, [m.get("note"), cut_note(m)])) or None)
             widget.set_meta(describe_stats(m.get("stats"), m.get("baseline_tokens_per_s")))
             widget.set_version(version_of(m))
             widget.set_actions(*reply_actions(messages, i))
@@ -219,7 +307,7 @@ class ChatView(QWidget):
             widget.set_highlight(on)
 
     def restyle(self) -> None:
-        """The theme changed: redraw what baked its colours in (the draft tint)."""
+        """The theme changed: redraw what baked its colours in (the draft tint, code)."""
         for widget in self.messages:
             widget.restyle()
 
@@ -260,11 +348,44 @@ class ChatView(QWidget):
         if self.busy:
             return  # Enter while a reply streams does nothing; Esc or Stop cancels it
         text = self.composer.toPlainText().strip()
-        if text:
+        if not self.attachments.ready():
+            self.attachments.set_note("Counting the attached files' tokens; send again in a moment.")
+            return
+        if text or self.attachments.files:
             self.composer.clear()
-            self.send_requested.emit(text)
+            self.send_requested.emit(compose(text, self.attachments.take()))
+
+    def choose_files(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files", "",
+                                                "Text and source files (*);;All files (*)")
+        if paths:
+            self.attachments.add_paths(paths)
 
     # ------------------------------------------------------------ scrolling
+
+    FOUND_MS = 1500  # how long a message opened from search stays marked
+
+    def scroll_to_message(self, index: int) -> None:
+        """Scroll so message `index` (of the conversation's messages) is at the top, and
+        mark it a moment; once laid out, as a chat just opened has no heights yet."""
+        widget = next((w for w in self.messages if w.index == index), None)
+        while widget is None and self._loaded is not None and self._hidden > 0:
+            self.show_earlier()  # among the earlier messages that have no widget yet
+            widget = next((w for w in self.messages if w.index == index), None)
+        if widget is None:
+            return
+        self._stick_to_bottom = False
+
+        def scroll() -> None:
+            if widget in self.messages:
+                top = widget.mapTo(self.scroll.widget(), QPoint(0, 0)).y()
+                self.scroll.verticalScrollBar().setValue(max(0, top - 12))
+
+        scroll()
+        QTimer.singleShot(0, self, scroll)
+        QTimer.singleShot(50, self, scroll)
+        widget.set_found(True)
+        QTimer.singleShot(self.FOUND_MS, widget, lambda: widget.set_found(False))
 
     def _user_scrolled(self, value: int) -> None:
         bar = self.scroll.verticalScrollBar()

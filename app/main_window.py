@@ -21,15 +21,19 @@ from omnidraft.core.worker.protocol import (
     CatalogChanged,
     ErrorEvent,
     LearningProgress,
+    LoadStopped,
     ModelLoaded,
     ModelLoading,
     Notice,
+    RemoveModel,
     TargetDescribed,
     TokenBatch,
+    TokensCounted,
     TurnDone,
     UpdateSettings,
     WorkerReady,
 )
+from omnidraft.server.runner import AppServer, ServerError
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QMessageBox
@@ -61,6 +65,7 @@ Key, StandardKey = Qt.Key, QKeySequence.StandardKey
 
 class MainWindow(QMainWindow):
     closed = Signal()
+    served = Signal(object)  # a served reply's TurnDone (from the server's thread)
 
     def __init__(self, target: str | None = None, handle: WorkerHandle | None = None):
         super().__init__()
@@ -73,9 +78,15 @@ class MainWindow(QMainWindow):
         self.history = MetricsHistory()
         self.history.load()
         self._closed = False
+        self._failed_load: str | None = None  # the model of the last load that failed
+        self._model_context = 0  # the loaded model's own window (Settings shows it beside ours)
 
         self.stall = StallMonitor(self)
         self.bridge = WorkerBridge(handle or WorkerHandle(), self)
+        # Settings → Local server, on this worker: offered each event first (on_event).
+        self.server = AppServer(self.bridge.send, self.bridge.next_id,
+                                lambda: self.settings.learn_from_api, self.served.emit)
+        self._served_at: tuple | None = None  # (host, port, key) it serves on
         self.banner = Banner()
         self.targets_menu = TargetsMenu(self)  # before the charts: they ask it for model names
         self.targets = TargetControl(self.bridge, self.targets_menu, self.banner, self.stall,
@@ -161,6 +172,7 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.bridge.event.connect(self.on_event)
+        self.served.connect(self._on_served)
         self.bridge.died.connect(self._on_worker_died)
         self.bridge.restarted.connect(lambda: self.stall.enter("engine start"))
         self.bridge.gave_up.connect(self._on_worker_gave_up)
@@ -176,8 +188,7 @@ class MainWindow(QMainWindow):
         self.charts.exported.connect(lambda path: self._status(f"Saved {path}", STATUS_MS))
         # A box opened from a fresh timer callback, not from inside the asyncio task
         # that pumps worker events: a modal box's nested loop would stall that task.
-        self.targets.failed.connect(
-            lambda title, text: QTimer.singleShot(0, self, lambda: QMessageBox.warning(self, title, text)))
+        self.targets.failed.connect(self._failure_later)
 
     def _status(self, text: str, ms: int = 0) -> None:
         self.statusBar().showMessage(text, ms)
@@ -195,6 +206,7 @@ class MainWindow(QMainWindow):
         self.stall.enter("engine start")
         self._status("Starting the engine…")
         self.bridge.start()
+        self._apply_server()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self._closed:
@@ -214,20 +226,25 @@ class MainWindow(QMainWindow):
         # A worker busy converting a model finishes its step before it reads Shutdown
         # (stop() kills it after a timeout); the window is gone meanwhile, not frozen.
         self.hide()
+        self.server.stop()
         self.bridge.stop()
 
     # ================================================================ engine events
 
     def on_event(self, event) -> None:
+        if self.server.route(event):  # an answer to a served request
+            return
         handler = {
             WorkerReady: self._on_ready,
             CatalogChanged: self.targets.on_catalog,
             ModelLoading: self.targets.on_loading,
             ModelLoaded: self.targets.on_loaded,
+            LoadStopped: self._on_load_stopped,
             TokenBatch: self.session.on_tokens,
             TurnDone: self._on_turn_done,
             LearningProgress: self.learning.on_progress,
             TargetDescribed: self.model_info.on_described,
+            TokensCounted: self.chat.attachments.on_counted,
             ErrorEvent: self._on_error,
             Notice: lambda e: self._status(e.message, STATUS_MS * 2),
         }.get(type(event))
@@ -243,6 +260,7 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, event: ModelLoaded) -> None:
         self.charts.set_current_target(event.model_id)
+        self._model_context = event.model_context
         self.chat.set_empty_hint(f"Chat with {event.name}. Type a message below to start.")
         if not self.targets.loads:
             self.apply_settings({"last_target": self.targets.wanted}, tell_worker=False)
@@ -256,14 +274,50 @@ class MainWindow(QMainWindow):
             self._status(describe_stats(event.stats.as_dict(), event.baseline_tokens_per_s), STATUS_MS * 2)
         self.session.on_turn_done(event)
 
+    def _on_load_stopped(self, event: LoadStopped) -> None:
+        """A switch the worker did not serve: a later one replaced it, or it was cancelled."""
+        self.targets.loads.pop(event.request_id, None)
+        if not self.targets.loads:
+            self.targets.progress.hide()
+            self.stall.leave("model loading")
+            self.targets.menu.set_current(self.targets.current)
+        if event.reason == "cancelled":
+            self._status(f"Loading {self.targets.name_of(event.model_id)} was stopped.", STATUS_MS)
+
+    def _failure_later(self, title: str, text: str) -> None:
+        model_id = self._failed_load  # the load this answers, read now: another may fail meanwhile
+        QTimer.singleShot(0, self, lambda: self._show_failure(title, text, model_id))
+
+    def _show_failure(self, title: str, text: str, model_id: str | None) -> None:
+        """A load or add that failed; a model the user added that does not load can
+        be taken off the list from the same box."""
+        added = next((e for e in self.targets.menu.entries if e.id == model_id and not e.bundled), None)
+        if added is None:
+            QMessageBox.warning(self, title, text)
+            return
+        buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+        question = f"{text}\n\nRemove {added.name} from the model list? Its files stay where they are."
+        if QMessageBox.warning(self, title, question, buttons, QMessageBox.StandardButton.No) \
+                == QMessageBox.StandardButton.Yes:
+            self.remove_model(added.id)
+
+    def remove_model(self, model_id: str) -> None:
+        """Take a model the user added off the Targets menu (its files stay where they are)."""
+        self.bridge.send(RemoveModel(self.bridge.next_id(), model_id))
+
     def _on_error(self, event: ErrorEvent) -> None:
+        # The model a failed load asked for (read before the answer is claimed), for
+        # the box that offers to remove it.
+        self._failed_load = self.targets.loads.get(event.request_id)
         if event.detail:  # the message is written for people; the detail goes to the log
             log.warning("engine error: %s\n%s", event.message, event.detail)
-        parts = (self.session, self.targets, self.model_info)  # each claims the answers to its requests
+        # Each claims the answers to its requests.
+        parts = (self.session, self.targets, self.model_info, self.chat.attachments)
         if not any(part.on_error(event) for part in parts):
             self.banner.show_message("error", event.message)
 
     def _on_worker_died(self, message: str) -> None:
+        self.server.worker_lost(f"{message} This request was lost; try again.")
         self.targets.forget_requests()
         self.targets.busy()
         self.session.interrupt("worker_died")
@@ -277,6 +331,7 @@ class MainWindow(QMainWindow):
         self._status("The engine is not running.")
 
     def restart_engine(self) -> None:
+        self.server.worker_lost("The engine was restarted; this request was lost. Try again.")
         self.session.interrupt("worker_died")
         self.targets.busy()
         self._status("Restarting the engine…")
@@ -295,9 +350,34 @@ class MainWindow(QMainWindow):
         set_checked_quietly(self.actions["highlight"], self.settings.highlight_drafts)
         if self.settings.theme != self.theme.choice:
             self.theme.set_choice(self.settings.theme)
+        self._apply_server()
+
+    def _apply_server(self) -> None:
+        """Settings → Local server: start it, move it to another address, or stop it."""
+        s = self.settings
+        wanted = (s.server_host, s.server_port, s.server_api_key) if s.server_enabled else None
+        if wanted == self._served_at:
+            return
+        self._served_at = wanted
+        self.server.stop()
+        if wanted is None:
+            self.banner.remove("server")
+            return
+        try:
+            url = self.server.start(*wanted)
+        except ServerError as exc:
+            self.banner.show_message("server", f"The local server did not start: {exc}")
+            return
+        self.banner.remove("server")
+        self._status(f"Local server at {url}", STATUS_MS)
+
+    def _on_served(self, event: TurnDone) -> None:
+        if event.stats is not None and event.stats.new_tokens > 0:
+            self.charts.add_turn(event.stats, event.model_id, event.baseline_tokens_per_s, served=True)
 
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, str(paths.data_dir()), self, max_context=self.targets.context_window)
+        dialog = SettingsDialog(self.settings, str(paths.data_dir()), self, max_context=self.targets.context_window,
+                                server_status=self.server.status(), model_context=self._model_context)
         dialog.clear_all_requested.connect(self.clear_all_data)
         if dialog.exec() and dialog.changes():
             self.apply_settings(dialog.changes())
@@ -307,6 +387,7 @@ class MainWindow(QMainWindow):
         The worker holds learned state in memory and files: it is stopped first and
         started fresh afterwards."""
         self.session.interrupt("cleared")
+        self.server.worker_lost("All data was cleared in the app; this request was lost. Try again.")
         self.bridge.stop()
         self.store.forget_all()
         kept = paths.clear_data()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from omnidraft.core.storage.presets import all_presets, is_built_in, name_problem
 from omnidraft.core.storage.settings import Settings
 from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
@@ -21,6 +22,8 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QInputDialog,
+    QLabel,
     QLineEdit,
     QMessageBox,
     QPlainTextEdit,
@@ -53,13 +56,26 @@ def _int(low: int, high: int, value: int, suffix: str = "") -> QSpinBox:
     return box
 
 
+def context_bounds(here: int, own: int) -> str:
+    """The context a model supports and what this machine's memory allows of it."""
+    if not here:
+        return ""
+    if not own or own <= here:
+        return f"The model supports {max(here, own):,} tokens; the memory here holds all of them."
+    return (f"The model supports {own:,} tokens; the memory here holds the cache of {here:,} "
+            "(about a quarter of the memory free when it loaded).")
+
+
 class SettingsDialog(QDialog):
     clear_all_requested = Signal()
 
     def __init__(
         self, settings: Settings, data_folder: str, parent: QWidget | None = None, max_context: int = 0,
+        server_status: str = "Off", model_context: int = 0,
     ):
-        """max_context: the most tokens the loaded model reads (0: no model loaded)."""
+        """max_context: the most tokens the loaded model reads here (0: no model loaded);
+        server_status: the local server's state line (AppServer.status);
+        model_context: the most it reads by its own design, which memory may bound."""
         super().__init__(parent)
         self.setWindowTitle("Settings — OmniDraft")
         self.setObjectName("SettingsDialog")
@@ -70,6 +86,29 @@ class SettingsDialog(QDialog):
         self.temperature.setToolTip("0 = greedy: the reply is exactly what plain decoding gives. Above 0 it is "
                                     "sampled from the model's own distribution, drafted or not")
         self.top_p = _double(0.05, 1.0, 0.05, 2, settings.top_p)
+        self.top_k = _int(0, 1000, settings.top_k)
+        self.top_k.setSpecialValueText("Off")
+        self.top_k.setToolTip("Sample only from the k most likely tokens")
+        self.min_p = _double(0.0, 1.0, 0.01, 2, settings.min_p)
+        self.min_p.setSpecialValueText("Off")
+        self.min_p.setToolTip("Leave out tokens less likely than this fraction of the most likely one")
+        self.repetition_penalty = _double(1.0, 2.0, 0.05, 2, settings.repetition_penalty)
+        self.repetition_penalty.setSpecialValueText("Off")
+        self.repetition_penalty.setToolTip("Make tokens of the last 64 less likely to come again "
+                                           "(greedy replies too). Drafting stays exact under every control")
+        self.user_presets = [dict(p) for p in settings.presets]
+        self.preset = QComboBox()
+        self.preset.setObjectName("PresetChoice")
+        self.preset.setToolTip("A system prompt and sampling controls, set together")
+        self.preset.activated.connect(lambda _: self.apply_preset(self.preset.currentData()))
+        preset_buttons = QHBoxLayout()
+        preset_buttons.addWidget(self.preset, 1)
+        for label, slot in (("Save as…", self.save_preset), ("Rename…", self.rename_preset),
+                            ("Delete", self.delete_preset)):
+            button = QPushButton(label)
+            button.clicked.connect(lambda _=False, f=slot: f())
+            preset_buttons.addWidget(button)
+        self._list_presets()
         self.max_tokens = _int(1, 8192, settings.max_new_tokens, " tokens")
         self.system_prompt = QPlainTextEdit(settings.system_prompt)
         self.system_prompt.setObjectName("DefaultSystemPrompt")
@@ -86,13 +125,23 @@ class SettingsDialog(QDialog):
         self.context.setToolTip(
             "How much of a chat (with the reply) the model reads; older messages are left out "
             "beyond it, the system prompt always kept."
-            + (f" This model reads at most {max_context:,} tokens." if max_context else ""))
+            + (f" This model reads at most {max_context:,} tokens here." if max_context else ""))
+        # Both bounds: the model's own window, and what the memory here holds of its KV cache.
+        self.context_bounds = QLabel(context_bounds(max_context, model_context))
+        self.context_bounds.setObjectName("ContextBounds")
+        self.context_bounds.setWordWrap(True)
         generation = QGroupBox("Generation")
         form = QFormLayout(generation)
+        form.addRow("Preset", preset_buttons)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
+        form.addRow("Top-k", self.top_k)
+        form.addRow("Min-p", self.min_p)
+        form.addRow("Repetition penalty", self.repetition_penalty)
         form.addRow("Max reply length", self.max_tokens)
         form.addRow("Context length", self.context)
+        if max_context:
+            form.addRow("", self.context_bounds)
         form.addRow("Default system prompt", self.system_prompt)
 
         self.speculative = QCheckBox("Use the drafter (speculative decoding)")
@@ -124,6 +173,12 @@ class SettingsDialog(QDialog):
         form = QFormLayout(learning)
         form.addRow("Start after idle for", self.idle_delay)
         form.addRow("Learner threads", self.threads)
+        self.learn_on_battery = QCheckBox("Learn on battery power too")
+        self.learn_on_battery.setChecked(settings.learning_on_battery)
+        self.learn_on_battery.setToolTip("Off: on a laptop running on battery, learning waits for mains power")
+        form.addRow(self.learn_on_battery)
+
+        server = self._server_box(settings, server_status)
 
         self.theme = QComboBox()
         self.theme.setObjectName("ThemeChoice")
@@ -159,10 +214,37 @@ class SettingsDialog(QDialog):
 
         layout = QVBoxLayout(self)
         layout.setSpacing(12)
-        for box in (generation, drafting, learning, appearance, data):
+        for box in (generation, drafting, learning, server, appearance, data):
             layout.addWidget(box)
         layout.addWidget(buttons)
         self._enable()
+
+    def _server_box(self, settings: Settings, status: str) -> QGroupBox:
+        """Settings → Local server: the OpenAI-compatible server on the app's engine."""
+        self.server_on = QCheckBox("Serve the target over an OpenAI-compatible API (for editors and tools)")
+        self.server_on.setChecked(settings.server_enabled)
+        self.server_host = QLineEdit(settings.server_host)
+        self.server_host.setToolTip("127.0.0.1: this machine only. Any other address needs an API key")
+        self.server_port = _int(1, 65535, settings.server_port)
+        self.server_key = QLineEdit(settings.server_api_key)
+        self.server_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.server_key.setPlaceholderText("None (allowed on 127.0.0.1 only)")
+        self.server_key.setToolTip("Clients send it as 'Authorization: Bearer <key>'; kept in settings.json")
+        self.learn_from_api = QCheckBox("Learn from served requests (like chats; off: they teach nothing)")
+        self.learn_from_api.setChecked(settings.learn_from_api)
+        self.server_status = QLabel(status)
+        self.server_status.setObjectName("ServerStatus")
+        self.server_status.setWordWrap(True)
+        self.server_status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        box = QGroupBox("Local server")
+        form = QFormLayout(box)
+        form.addRow(self.server_on)
+        form.addRow("Host", self.server_host)
+        form.addRow("Port", self.server_port)
+        form.addRow("API key", self.server_key)
+        form.addRow(self.learn_from_api)
+        form.addRow("Status", self.server_status)
+        return box
 
     def _enable(self) -> None:
         on = self.speculative.isChecked()
@@ -175,6 +257,11 @@ class SettingsDialog(QDialog):
         return {
             "temperature": round(self.temperature.value(), 4),
             "top_p": round(self.top_p.value(), 4),
+            "top_k": self.top_k.value(),
+            "min_p": round(self.min_p.value(), 4),
+            "repetition_penalty": round(self.repetition_penalty.value(), 4),
+            "learning_on_battery": self.learn_on_battery.isChecked(),
+            "presets": tuple(dict(p) for p in self.user_presets),
             "max_new_tokens": self.max_tokens.value(),
             "speculative": self.speculative.isChecked(),
             "draft_length": self.draft_length.value(),
@@ -185,7 +272,94 @@ class SettingsDialog(QDialog):
             "system_prompt": self.system_prompt.toPlainText().strip(),
             "context_tokens": self.context.value(),
             "theme": self.theme.currentData(),
+            "server_enabled": self.server_on.isChecked(),
+            "server_host": self.server_host.text().strip() or "127.0.0.1",
+            "server_port": self.server_port.value(),
+            "server_api_key": self.server_key.text().strip(),
+            "learn_from_api": self.learn_from_api.isChecked(),
         }
+
+    # ------------------------------------------------------------ presets
+
+    def _list_presets(self, current: str | None = None) -> None:
+        self.preset.clear()
+        self.preset.addItem("Choose a preset…", None)
+        for preset in all_presets(tuple(self.user_presets)):
+            self.preset.addItem(preset.name + ("" if is_built_in(preset.name) else " (yours)"), preset.name)
+        self.preset.setCurrentIndex(max(0, self.preset.findData(current)))
+
+    def _preset_values(self) -> dict:
+        """The fields a preset sets, as they stand in the dialog."""
+        return {
+            "system_prompt": self.system_prompt.toPlainText().strip(),
+            "temperature": round(self.temperature.value(), 4), "top_p": round(self.top_p.value(), 4),
+            "top_k": self.top_k.value(), "min_p": round(self.min_p.value(), 4),
+            "repetition_penalty": round(self.repetition_penalty.value(), 4),
+        }
+
+    def apply_preset(self, name: str | None) -> None:
+        """Fill the fields from the named preset (nothing is saved until OK)."""
+        preset = next((p for p in all_presets(tuple(self.user_presets)) if p.name == name), None)
+        if preset is None:
+            return
+        values = preset.values()
+        self.system_prompt.setPlainText(values["system_prompt"])
+        self.temperature.setValue(values["temperature"])
+        self.top_p.setValue(values["top_p"])
+        self.top_k.setValue(values["top_k"])
+        self.min_p.setValue(values["min_p"])
+        self.repetition_penalty.setValue(values["repetition_penalty"])
+        self._list_presets(name)
+
+    def _selected_own(self) -> str | None:
+        name = self.preset.currentData()
+        if name is None or is_built_in(name):
+            QMessageBox.information(self, "Presets", "Choose one of your own presets first; "
+                                    "the shipped ones can't be changed.")
+            return None
+        return name
+
+    def _ask_name(self, title: str, text: str = "") -> str | None:
+        name, ok = QInputDialog.getText(self, title, "Preset name:", text=text)
+        return name if ok else None
+
+    def save_preset(self, name: str | None = None) -> bool:
+        """Save the fields as a new preset of the user's (asks for its name)."""
+        name = self._ask_name("Save preset") if name is None else name
+        if name is None:
+            return False
+        problem = name_problem(name, tuple(self.user_presets))
+        if problem:
+            QMessageBox.warning(self, "Presets", problem)
+            return False
+        self.user_presets.append({"name": name.strip(), **self._preset_values()})
+        self._list_presets(name.strip())
+        return True
+
+    def rename_preset(self, new_name: str | None = None) -> bool:
+        old = self._selected_own()
+        if old is None:
+            return False
+        new_name = self._ask_name("Rename preset", old) if new_name is None else new_name
+        if new_name is None:
+            return False
+        problem = name_problem(new_name, tuple(self.user_presets), renaming=old)
+        if problem:
+            QMessageBox.warning(self, "Presets", problem)
+            return False
+        for preset in self.user_presets:
+            if preset["name"] == old:
+                preset["name"] = new_name.strip()
+        self._list_presets(new_name.strip())
+        return True
+
+    def delete_preset(self) -> bool:
+        name = self._selected_own()
+        if name is None:
+            return False
+        self.user_presets = [p for p in self.user_presets if p["name"] != name]
+        self._list_presets()
+        return True
 
     def changes(self) -> dict:
         """Only what the user changed, so untouched values keep their exact saved form."""

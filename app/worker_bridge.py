@@ -25,6 +25,8 @@ POLL_S = 0.02
 # persistently wrong (e.g. a model that crashes the process on load): stop retrying.
 MAX_RESTARTS = 3
 RESTART_WINDOW_S = 120.0
+# Where the person finds the command (main_window: the Learning menu's "Restart engine").
+RESTART_HINT = "Use Learning → Restart engine to try once more."
 
 
 class WorkerBridge(QObject):
@@ -123,7 +125,7 @@ class WorkerBridge(QObject):
                 self.handle.stop(0.1)
             self.gave_up.emit(
                 f"The engine stopped unexpectedly ({how}) {len(self._deaths)} times in a row; "
-                "it was not restarted again. Use Engine → Restart engine to try once more."
+                f"it was not restarted again. {RESTART_HINT}"
             )
             return
         self.died.emit(f"The engine stopped unexpectedly ({how}).")
@@ -131,6 +133,7 @@ class WorkerBridge(QObject):
             self.handle.restart()
         except (OSError, RuntimeError, ValueError) as exc:  # cannot spawn: report, keep the window
             self._stopping = True
-            self.gave_up.emit(f"The engine could not be restarted ({exc}).")
+            self.gave_up.emit(f"The engine could not be restarted ({getattr(exc, 'strerror', None) or exc}). "
+                              f"{RESTART_HINT}")
             return
         self.restarted.emit()

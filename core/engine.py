@@ -14,6 +14,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterator
 
+import psutil
 import torch
 
 from .decoding.adaptive_drafting import DraftPolicy
@@ -38,13 +39,48 @@ from .models.context import (
     conversation_limit,
     fit_conversation,
     model_window,
+    own_window,
 )
-from .models.loader import LoadedModel, Progress, load, no_progress
+from .models.loader import LoadCancelled, LoadedModel, Progress, load, no_progress
 from .models.model_info import ModelInfo, describe
 from .stopping import ShouldStop, never
 from .storage import paths
+from .storage.persistence import DiskFullError, disk_full_message, is_disk_full
 
 MAX_CACHED_BRIDGES = 3
+
+
+def load_failure(entry: ModelEntry, exc: BaseException) -> str:
+    """What a person reads when a target does not load: a full disk with the space
+    a converted copy needs, a damaged model with what to do about it."""
+    if is_disk_full(exc):
+        failed = next((e for e in _chain(exc) if isinstance(e, DiskFullError)), None)
+        folder = failed.path.parent if failed else paths.cache_dir()
+        return disk_full_message(f"loading {entry.name}", folder, failed.needed if failed else _file_bytes(entry),
+                                 "The model loaded before stays; free some space and choose it again.")
+    if isinstance(exc, ModelError) and exc.__cause__ is None:
+        return str(exc)  # written for people already
+    advice = ("Reinstalling the app restores its bundled models." if entry.bundled else
+              "Remove it from the model list, or add a fresh copy of it.")
+    return (f"{entry.name} could not be loaded: its files are damaged or in a form this app "
+            f"cannot read. {advice}")
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    for _ in range(16):  # a failure and what it was raised from
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _file_bytes(entry: ModelEntry) -> int:
+    """What a load may write beside the model (prepared tokenizer and kernel files)
+    is at most about the size of its file: the figure a full disk is told of."""
+    try:
+        return entry.size_bytes or os.path.getsize(entry.path)
+    except OSError:
+        return 0
 
 
 class Engine:
@@ -89,6 +125,7 @@ class Engine:
         # The user's context length (Settings), 0 for the model's own; the model's
         # window (context_window) bounds it either way.
         self.context_tokens = 0
+        self._window: tuple[LoadedModel, int] | None = None  # the loaded target's, measured once
 
     @property
     def learn_settings(self) -> LearnSettings:
@@ -123,12 +160,21 @@ class Engine:
 
     # ------------------------------------------------------------------ models
     def load_target(
-        self, id_or_path: str, progress: Progress = no_progress, measure_baseline: bool = True
+        self, id_or_path: str, progress: Progress = no_progress, measure_baseline: bool = True,
+        should_stop: ShouldStop = never,
     ) -> ModelEntry:
-        """Load a target (the previous one stays if this fails) and measure its
-        plain speed here, the reference every reply's speedup is reported against."""
+        """Load a target (the previous one stays if this fails, or if should_stop()
+        stops the load at a layer boundary: LoadCancelled) and measure its plain
+        speed here, the reference every reply's speedup is reported against."""
         entry = self.catalog.get(id_or_path)
-        loaded = load(entry, self.dtype, progress, int8=self.int8, int4=self.int4)
+        try:
+            loaded = load(entry, self.dtype, progress, int8=self.int8, int4=self.int4, should_stop=should_stop)
+        except LoadCancelled:
+            raise
+        except Exception as exc:  # every failure of a load becomes a sentence
+            raise ModelError(load_failure(entry, exc)) from exc
+        if should_stop():  # superseded while its last layers loaded: the old target stays
+            raise LoadCancelled(entry.name)
         self._save_state()
         self.target = loaded  # replaced only once the new one loaded: a failure keeps the old
         self.learning.unbind_targets()
@@ -216,8 +262,17 @@ class Engine:
         return describe(target, self.context_limit(), self.drafter_model if drafting else None, self.bridge)
 
     def context_window(self) -> int:
-        """The most tokens (conversation and reply) the target reads here (model_window)."""
-        return model_window(self._loaded_target().model.config)
+        """The most tokens (conversation and reply) the target reads here: its own
+        window, up to what the memory free when it loaded holds of KV cache (model_window)."""
+        target = self._loaded_target()
+        if self._window is None or self._window[0] is not target:
+            # Measured once, with the target's weights in memory: its figure stays put.
+            self._window = (target, model_window(target.model.config, psutil.virtual_memory().available))
+        return self._window[1]
+
+    def model_context(self) -> int:
+        """The most tokens the target reads by its own design (its config)."""
+        return own_window(self._loaded_target().model.config)
 
     def context_limit(self, reserve: int = 512) -> int:
         """The most tokens of a conversation the target reads, `reserve` kept for the reply."""
@@ -240,7 +295,11 @@ class Engine:
         self, prompt: str, cfg: GenerationConfig, should_stop: ShouldStop = never, speculative: bool = False
     ) -> Iterator[TokenChunk | TurnFinished]:
         """Raw completion of a text prompt (the benchmark's prompts)."""
-        ids = self._loaded_target().tokenizer(prompt, split_special_tokens=True)["input_ids"]
+        target = self._loaded_target()
+        ids = target.tokenizer(prompt, split_special_tokens=True)["input_ids"]
+        if len(ids) > (limit := self.context_limit()):  # a raw text has no older turns to leave out
+            raise InputError(f"The prompt is {len(ids):,} tokens; {target.entry.name} reads at most "
+                             f"{limit:,} here, with room kept for the reply.")
         prefix = None
         if speculative and self.drafter is not None:
             prefix = self.drafter_model.tokenizer(prompt, split_special_tokens=True)["input_ids"]
@@ -315,7 +374,12 @@ class Engine:
         next layer boundary once should_stop() says a request is waiting."""
         if self.target is None or self.drafter is None or not self.has_learning_work():
             return None
-        return self.learning.step(self.learner(), self.drafter, self.adapters, should_stop)
+        learner = self.learner()
+        try:
+            return self.learning.step(learner, self.drafter, self.adapters, should_stop)
+        finally:  # a save that failed (a full disk) reaches the person
+            self.warnings.extend(learner.warnings)
+            learner.warnings.clear()
 
     # ------------------------------------------------------------------ plain speed
     def measure_baseline(self, should_stop: ShouldStop = never) -> float | None:

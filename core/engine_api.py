@@ -40,8 +40,12 @@ class EngineAPI(Protocol):
     @property
     def drafter_description(self) -> str | None: ...
 
-    def load_target(self, id_or_path: str, progress: Progress = ...) -> ModelEntry:
-        """Load a target; on failure (ModelError) the previous one stays loaded."""
+    def load_target(
+        self, id_or_path: str, progress: Progress = ..., measure_baseline: bool = True,
+        should_stop: ShouldStop = ...,
+    ) -> ModelEntry:
+        """Load a target; on failure (ModelError), or when should_stop() stops it between
+        layers (LoadCancelled), the previous one stays loaded."""
         ...
 
     def chat(
@@ -73,6 +77,10 @@ class EngineAPI(Protocol):
 
     def context_window(self) -> int:
         """The most tokens the loaded target reads here (the context setting's bound)."""
+        ...
+
+    def model_context(self) -> int:
+        """The most tokens the loaded target reads by its own design."""
         ...
 
     def reset_personalization(self, model_id: str) -> None: ...

@@ -9,6 +9,7 @@ from omnidraft.app import chat_files
 from omnidraft.core.storage import chat_export
 from omnidraft.core.storage.conversations import ConversationStore
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from tests.gui_helpers import answer, scripted_window
@@ -57,7 +58,9 @@ def test_json_export_from_the_file_menu_reimports_as_a_new_identical_chat(script
     assert (tmp_path / "mine.json").exists()
 
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(tmp_path / "mine.json"), ""))
-    win.actions["import_chat"].trigger()
+    win.actions["import_chat"].trigger()  # read and saved on a background thread
+    win.files.importing.join(30)
+    QTest.qWait(50)  # its answer arrives through the event loop
     new_id = win.pane.current_conv
     assert new_id != conv_id and len(win.store) == 2
     assert win.sidebar.ids()[0] == new_id  # listed first, and on screen

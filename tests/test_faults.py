@@ -6,8 +6,8 @@ file or a second app does to the user's data, probed as a hostile but fair teste
   adapter) and is killed with SIGKILL at random moments; after each kill
   everything it had reported saved loads back, and nothing is set aside.
 * Corruption of every file kind (garbage, cut short, valid JSON of the wrong
-  shape, and a converted model copy cut short or with changed bytes): set aside
-  as .corrupt (or rebuilt) and reported, never fatal, never overwritten unseen.
+  shape): set aside as .corrupt and reported, never fatal, never overwritten
+  unseen; a model file cut short after it was added is named at the next switch.
 * Two apps and two engines on one data folder: the second is refused.
 * A GUI killed mid-reply: its engine stops and the folder is free again.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -354,36 +353,37 @@ def test_a_damaged_key_file_is_kept_and_a_new_key_made(home):
     assert (paths.data_dir() / "key.corrupt").read_bytes() == b"not a key"
 
 
-@pytest.mark.parametrize("how", ["cut", pytest.param("flipped", marks=pytest.mark.slow)])
-def test_a_damaged_converted_model_copy_is_rebuilt_and_replies(home, how):
-    """Before: a copy cut in half failed at every start and was never rebuilt; one
-    with changed bytes loaded and replied with nothing."""
-    from omnidraft.core.decoding.sampling import GenerationConfig
-    from omnidraft.core.engine import Engine
-    from omnidraft.core.models import loader
-    from omnidraft.core.models.catalog import BUNDLED, SMOLLM2_ID, bundled_path
+def test_an_added_model_damaged_later_is_refused_with_a_sentence_and_the_old_one_stays(home, target_dir, tmp_path):
+    """A model file cut short after it was added (a sync tool, a full disk) is
+    named at the next switch, the model loaded before keeps answering, and the
+    entry can be taken off the list."""
+    import queue
 
-    from tests.tiny import TEST_CACHE
+    from omnidraft.core.models.catalog import ModelCatalog, ModelError
+    from omnidraft.core.worker.process import WorkerLoop
+    from omnidraft.core.worker.protocol import CatalogChanged, ErrorEvent, RemoveModel, SwitchTarget
 
-    entry, gguf = BUNDLED[SMOLLM2_ID], bundled_path(SMOLLM2_ID)
-    folder = loader.converted_dir(entry, gguf)
-    if (TEST_CACHE / "models" / folder.name).is_dir():  # the shared copy, spared a conversion
-        shutil.copytree(TEST_CACHE / "models" / folder.name, folder)
-    assert loader.convert_gguf(entry, gguf) == folder
-    weights = folder / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    if how == "cut":
-        del data[len(data) // 2:]
-    else:
-        data[len(data) // 2: len(data) // 2 + 4096] = os.urandom(4096)
-    weights.write_bytes(bytes(data))
+    from tests.test_faults_files import assert_sentence
+    from tests.tiny import learning_engine, write_tiny_gguf
 
-    stages = []
-    engine = Engine(drafter_id=SMOLLM2_ID)
-    engine.load_target(SMOLLM2_ID, lambda stage, fraction: stages.append(stage), measure_baseline=False)
-    assert any("is damaged" in s and "converting it again" in s for s in stages), stages
-    events = list(engine.chat([{"role": "user", "content": "What is 2+2?"}], GenerationConfig(max_new_tokens=8)))
-    assert events[-1].text.strip(), "the rebuilt copy replies"
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    entry = ModelCatalog().add(gguf)
+    gguf.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
+    engine = learning_engine(target_dir)
+    old = engine.target
+    events: queue.Queue = queue.Queue()
+    loop = WorkerLoop(queue.Queue(), events, engine)
+    loop._handle_safely(SwitchTarget(1, entry.id))
+    (error,) = [e for e in events.queue if isinstance(e, ErrorEvent)]
+    assert "incomplete" in error.message
+    assert_sentence(error.message)
+    assert engine.target is old
+    loop._handle_safely(RemoveModel(2, entry.id))
+    (changed,) = [e for e in events.queue if isinstance(e, CatalogChanged)]
+    assert entry.id not in [e.id for e in changed.catalog]
+    assert entry.id not in [e.id for e in ModelCatalog().entries()]
+    with pytest.raises(ModelError):
+        ModelCatalog().get(entry.id)
 
 
 # ---------------------------------------------------------------- two apps, two engines

@@ -30,6 +30,7 @@ from omnidraft.core.worker.protocol import (
     ModelLoaded,
     ModelLoading,
     Notice,
+    RemoveModel,
     ResetPersonalization,
     SwitchTarget,
     TokenBatch,
@@ -543,13 +544,35 @@ def test_answers_are_matched_to_their_requests_by_id(home, qapp, qt_loop, qtbot,
         win.on_event(ErrorEvent(add.request_id, "/junk is not a model"))
         win.on_event(ErrorEvent(first.request_id, "model-a is broken"))
         qtbot.waitUntil(lambda: len(shown) == 2)
-        assert shown == [
-            ("Could not add the model", "/junk is not a model"),
-            ("Could not load the model", "model-a is broken"),
-        ]
+        assert shown[0] == ("Could not add the model", "/junk is not a model")
+        assert shown[1][0] == "Could not load the model" and shown[1][1].startswith("model-a is broken")
         assert win.targets.current == win.targets.wanted == "model-b"  # the loaded one stays
         assert win.targets_menu.checked_id() == "model-b" and win.targets.progress.isHidden()
         assert not win.targets.loads and not win.targets.adds
+    finally:
+        win.close()
+        dispose(qapp, win)
+
+
+def test_an_added_model_that_fails_to_load_can_be_removed_from_the_list(home, qapp, qt_loop, qtbot,
+                                                                       monkeypatch):
+    asked: list[str] = []
+
+    def answer(parent, title, text, *args, **kwargs):
+        asked.append(text)
+        return QMessageBox.StandardButton.Yes
+
+    monkeypatch.setattr(QMessageBox, "warning", answer)
+    worker = ScriptedWorker()
+    win = MainWindow(target="mine", handle=worker)
+    try:
+        win.on_event(WorkerReady(1, [ModelEntry("mine", "My model", "/m.gguf")]))
+        load = worker.sent[-1]
+        win.on_event(ErrorEvent(load.request_id, "My model could not be loaded: its files are damaged."))
+        qtbot.waitUntil(lambda: len(asked) == 1)
+        assert "Remove My model from the model list?" in asked[0]
+        removal = worker.sent[-1]
+        assert isinstance(removal, RemoveModel) and removal.model_id == "mine"
     finally:
         win.close()
         dispose(qapp, win)

@@ -228,6 +228,7 @@ class AdapterStore:
             info = {"target_id": target_id, **self.meta(target_id), **(meta or {})}
             _write(tmp / WEIGHTS_FILE, self.keys.encrypt(safetensors_bytes(state)))
             self.peft.peft_config[name].save_pretrained(str(tmp))  # CONFIG_FILE
+            os.chmod(tmp / CONFIG_FILE, 0o600)  # peft writes it with the umask's mode
             _fsync_file(tmp / CONFIG_FILE)
             _write(tmp / META_FILE, self.keys.encrypt(json.dumps(info).encode()))
             if head is not None:
@@ -410,7 +411,8 @@ def _old(folder: Path) -> Path:
 
 
 def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+    # 0600: what the drafter learned from someone's chats is theirs alone.
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

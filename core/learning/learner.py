@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ..decoding.vocab_bridge import VocabBridge
 from ..kernels.build import cpu_flags
 from ..stopping import ShouldStop, never
+from ..storage.persistence import save_failure
 from .acceptance_head import LR as HEAD_LR
 from .acceptance_head import AcceptanceHead, HeadExample, fit_head, head_example, segment_labels
 from .adapters import AdapterStore
@@ -289,8 +290,14 @@ class Learner:
             self.adapters.save(self.target_id, {"steps": self.steps, "samples": self.samples},
                                head=self.head.state() if self.head is not None else None)
             self.buffer.save()
-        except OSError as exc:
-            self.warnings.append(f"What the drafter learned could not be saved: {exc}")
+        except OSError as exc:  # a full disk: a sentence naming the space, the last saved copy kept
+            self.warnings.append(save_failure("what the drafter learned", self.adapters.root, exc,
+                                              self._adapter_bytes()))
+
+    def _adapter_bytes(self) -> int:
+        """About what the adapter's files take: its trainable weights."""
+        peft = getattr(self.adapters, "peft", None)
+        return sum(p.numel() * p.element_size() for p in peft.parameters() if p.requires_grad) if peft else 0
 
     def progress(self) -> dict:
         return {"steps": self.steps, "samples": self.samples, "buffered": self.work_left()}

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from .chat_format import encode_chat
 
 MAX_MESSAGE_CHARS = 200_000
-MAX_WINDOW = 8192  # the most tokens a target reads here, whatever its own window
+# At most this share of the memory free when a target loads goes to its KV cache
+# (the weights, the drafter and the app need the rest).
+KV_MEMORY_SHARE = 0.25
+# Bytes per cached value: the lean runtime keeps an int8 target's cache in float32.
+KV_VALUE_BYTES = 4
+WINDOW_STEP = 1024  # a window memory bounds is a whole number of these
 
 
 class InputError(Exception):
@@ -27,13 +32,37 @@ class EncodedChat:
     omitted: int = 0  # the oldest messages left out to fit the context window
 
 
-def model_window(config) -> int:
+def own_window(config) -> int:
+    """The most tokens a model reads by its own design (max_position_embeddings)."""
+    return int(getattr(config, "max_position_embeddings", 2048) or 2048)
+
+
+def kv_bytes_per_token(config) -> int:
+    """What one token of context takes in the target's KV cache: a key and a value
+    per layer and key/value head."""
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    heads = int(getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", 0) or 0)
+    head_dim = getattr(config, "head_dim", None) or (
+        int(getattr(config, "hidden_size", 0) or 0) // max(1, int(getattr(config, "num_attention_heads", 1) or 1)))
+    return 2 * layers * heads * int(head_dim) * KV_VALUE_BYTES
+
+
+def memory_window(config, available: int) -> int:
+    """The most tokens whose KV cache fits KV_MEMORY_SHARE of `available` bytes."""
+    per_token = kv_bytes_per_token(config)
+    if per_token <= 0:
+        return own_window(config)
+    return max(WINDOW_STEP, int(available * KV_MEMORY_SHARE) // per_token // WINDOW_STEP * WINDOW_STEP)
+
+
+def model_window(config, available: int | None = None) -> int:
     """The most tokens (conversation and reply) a target reads here: its own
-    window (a model config's max_position_embeddings), at most MAX_WINDOW. The
-    drafter's preallocated context (Drafter max_len) should hold the same text and
-    its reply; where it cannot, the drafter reads the latest part."""
-    window = getattr(config, "max_position_embeddings", 2048) or 2048
-    return min(window, MAX_WINDOW)
+    window, or less where the memory `available` (bytes; None: not bounded) could
+    not hold that much KV cache. The drafter's preallocated context (Drafter
+    max_len) should hold the same text and its reply; where it cannot, the drafter
+    reads the latest part."""
+    window = own_window(config)
+    return window if available is None else min(window, memory_window(config, available))
 
 
 def conversation_limit(window: int, context_tokens: int = 0, reserve: int = 512) -> int:

@@ -18,6 +18,7 @@ here writes to the store; the caller adds the checked result as a new chat.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "context_from": (int,), "baseline_tokens_per_s": (int, float, type(None)), "stats": (dict,),
 }
 _NUMERIC_STATS = ("new_tokens", "tokens_per_s", "tokens_per_step", "acceptance_rate")
+# Versions of versions (an edit of a reply to an edited message...): far more than
+# anyone makes, and few enough that checking and saving them never nears Python's
+# recursion limit.
+MAX_VERSION_DEPTH = 64
 
 
 class ChatImportError(ValueError):
@@ -120,10 +125,21 @@ def read_chat_file(path: Path) -> ImportedChat:
     return parse_markdown(text, path.name)
 
 
+def _finite(text: str) -> float | None:
+    """A JSON number; one beyond float's range (1e999) reads as unknown (None)."""
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
 def parse_json(text: str, name: str = "The file") -> ImportedChat:
     try:
-        raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        # NaN and Infinity (which Python's json writes and reads) are no figures:
+        # they read as unknown, so the chat view never shows "nan tok/s".
+        raw = json.loads(text, parse_constant=lambda _: None, parse_float=_finite)
+    except RecursionError as exc:
+        raise ChatImportError(f"{name} is not valid JSON for a chat: it nests its data far deeper "
+                              "than any chat does.") from exc
+    except ValueError as exc:
         raise ChatImportError(f"{name} is not valid JSON ({_short(exc)}).") from exc
     # Our export wraps the record; a bare conversation record (a .chat file's content) works too.
     if isinstance(raw, dict) and raw.get("format") == FORMAT:
@@ -180,8 +196,25 @@ def parse_markdown(text: str, name: str = "The file") -> ImportedChat:
     return chat
 
 
-def message_problem(message: object) -> str | None:
+def _versions_depth(message: dict) -> int:
+    """How deep a message's versions nest (a version's messages may have versions
+    of their own), counted without recursion; stops counting past MAX_VERSION_DEPTH."""
+    deepest, stack = 0, [(message, 0)]
+    while stack and deepest <= MAX_VERSION_DEPTH:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        versions = current.get("versions") if isinstance(current, dict) else None
+        for version in versions if isinstance(versions, list) else ():
+            for other in version if isinstance(version, list) else ():
+                stack.append((other, depth + 1))
+    return deepest
+
+
+def message_problem(message: object, depth: int = 0) -> str | None:
     """What is wrong with one imported message (and its other versions), or None."""
+    if depth == 0 and isinstance(message, dict) and _versions_depth(message) > MAX_VERSION_DEPTH:
+        return (f"has versions nested more than {MAX_VERSION_DEPTH} deep (edits of edits); "
+                "no chat made here is like that")
     if not isinstance(message, dict):
         return "is not a message record"
     if message.get("role") not in ROLES:
@@ -202,7 +235,7 @@ def message_problem(message: object) -> str | None:
             return "has a wrong 'versions' list"
         for version in message["versions"]:
             for other in version or []:
-                if (problem := message_problem(other)) is not None:
+                if (problem := message_problem(other, depth + 1)) is not None:
                     return f"has another version whose message {problem}"
     return None
 

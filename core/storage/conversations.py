@@ -195,6 +195,26 @@ class ConversationStore:
             raise
         return conv
 
+    def write_new(
+        self, title: str, messages: list[dict], system_prompt: str = "", model_id: str | None = None,
+        created: float | None = None, now: float | None = None,
+    ) -> Conversation:
+        """A new conversation written to its own file but not listed yet (adopt
+        lists it). It touches nothing the store holds, so a background thread can
+        encrypt and write a large imported chat while the window stays responsive.
+        `messages` are taken as they are: pass a list nobody else changes."""
+        now = now or time.time()
+        conv = Conversation(uuid.uuid4().hex, title.strip()[:200] or DEFAULT_TITLE, created or now, now,
+                            messages, model_id, system_prompt)
+        save_encrypted(self._path(conv.id), conv.to_dict(), self.keys)
+        return conv
+
+    def adopt(self, conv: Conversation) -> Conversation:
+        """List a conversation write_new saved; newest, so it is listed first."""
+        conv.updated = self._now()
+        self._convs[conv.id] = conv
+        return conv
+
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.get(conv_id)
         conv.title = title.strip()[:200] or DEFAULT_TITLE

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -258,10 +259,21 @@ def default_keystore() -> KeyStore:
     return _default[folder]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_surrogates(text: str) -> str:
+    """`text` with every lone UTF-16 surrogate replaced by U+FFFD (the replacement
+    character), so it can be encoded as UTF-8 and tokenized."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def save_encrypted(path: Path, obj: Any, keys: KeyStore | None = None) -> None:
     """JSON-serialise obj, encrypt it and write it atomically (mode 0600)."""
     keys = keys or default_keystore()
-    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    # A lone UTF-16 surrogate (pasted from elsewhere, or a "\ud800" in an imported
+    # file) has no UTF-8 form: it is saved as U+FFFD, the rest exactly.
+    data = without_surrogates(json.dumps(obj, ensure_ascii=False, separators=(",", ":"))).encode("utf-8")
     paths.private_dir(Path(path).parent)
     atomic_write_bytes(Path(path), keys.encrypt(data))
 

@@ -17,21 +17,26 @@ from typing import Any
 from ..models.catalog import DEFAULT_TARGET
 from . import paths
 from .persistence import CorruptStateError, atomic_write_json, read_json
+from .presets import check_presets
 
 # (low, high) for each numeric setting. adaptive_gamma is the stop threshold γ of
 # adaptive drafting (stop when 1 - Π P_accept > γ), a probability strictly inside (0, 1).
 _RANGES: dict[str, tuple[float, float]] = {
     "temperature": (0.0, 2.0),
     "top_p": (0.05, 1.0),
+    "top_k": (0, 1000),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (1.0, 2.0),
     "max_new_tokens": (1, 8192),
     "draft_length": (1, 16),
     "adaptive_gamma": (0.05, 0.95),
     "idle_delay_s": (1.0, 3600.0),
     "learner_threads": (1, 64),
     "context_tokens": (0, 131072),
+    "server_port": (1, 65535),
 }
 
-_FREE_TEXTS = {"system_prompt"}  # texts that may be empty
+_FREE_TEXTS = {"system_prompt", "server_api_key"}  # texts that may be empty
 _CHOICES = {"theme": ("system", "light", "dark")}  # texts that must be one of these
 
 
@@ -39,12 +44,16 @@ _CHOICES = {"theme": ("system", "light", "dark")}  # texts that must be one of t
 class Settings:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
     max_new_tokens: int = 512
     draft_length: int = 4  # k: draft tokens proposed per step
     adaptive_gamma: float | None = None  # None = fixed draft length k
     idle_delay_s: float = 20.0  # learning starts after this long without a request
     learner_threads: int = 1
     learning_paused: bool = False
+    learning_on_battery: bool = False  # idle learning waits for mains power (where a battery is sensed)
     last_target: str = DEFAULT_TARGET
     speculative: bool = True
     highlight_drafts: bool = False
@@ -53,6 +62,13 @@ class Settings:
     # own window bounds it (Engine.context_window).
     context_tokens: int = 0
     theme: str = "system"  # "system" follows the desktop's light or dark scheme; or "light", "dark"
+    presets: tuple = ()  # the user's own presets (core.storage.presets), one dict each
+    # Settings → Local server: the OpenAI-compatible server inside the app (server/).
+    server_enabled: bool = False
+    server_host: str = "127.0.0.1"  # another address only with server_api_key
+    server_port: int = 8090
+    server_api_key: str = ""  # "" = none; clients send it as "Authorization: Bearer <key>"
+    learn_from_api: bool = False  # served turns enter the replay buffer like chat turns
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,6 +103,8 @@ def _check(name: str, value: Any, default: Any) -> tuple[Any, str | None]:
     """(value to use, a sentence when it was corrected)."""
     if name == "adaptive_gamma" and value is None:
         return None, None
+    if name == "presets":
+        return check_presets(value, _check_number)
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value, None

@@ -8,15 +8,23 @@ queue and writes typed events to another:
 * ChatRequest -> TokenBatch* (text batched every ~30 ms), then exactly one TurnDone
   (reason "error" after an ErrorEvent when the request fails).
 * DescribeTarget -> TargetDescribed (or an ErrorEvent when no model is loaded).
+* CountTokens -> TokensCounted (or an ErrorEvent when no model is loaded).
 * CancelRequest stops the running reply between decoding steps; the cancel check
   drains the request queue without blocking and keeps everything else queued in order.
 * After `idle_delay_s` without a request, learning runs one short step at a time
   (engine.idle_step(should_stop)), which gives way at its next layer boundary once
   a request waits, so a new request starts within a fraction of a second.
 * Every event that answers a request carries that request's id (core.worker.protocol).
+* SwitchTarget -> ModelLoading*, then ModelLoaded (or an ErrorEvent). Switches sent
+  in a row are not all served: one that a newer SwitchTarget waits behind, or that
+  a CancelRequest with its id names, is answered LoadStopped, and a load under way
+  stops at its next layer (the model loaded before stays).
 * One engine per data folder (engine.lock, core.storage.folder_lock), and it ends
   when its GUI is gone: a running reply stops at its next decoding step, learning
-  at its next layer boundary, an idle loop within half a second.
+  at its next layer boundary, an idle loop within half a second, and anything
+  else (a model load) within ORPHAN_GRACE_S of a watchdog thread noticing.
+* What a person reads is a sentence; an unplanned failure's exception goes to
+  the event's detail (the log), never into its message.
 
 The engine is used through core.engine_api.EngineAPI, called directly, never probed.
 
@@ -41,28 +49,34 @@ from typing import TYPE_CHECKING, Any
 from ..engine_api import EngineAPI
 from ..heap import trim_heap
 from ..stopping import ShouldStop
+from ..storage import paths
 from ..storage.paths import HOME_ENV
 from ..storage.settings import Settings
+from .power import BATTERY_STATUS, PowerSensor, no_sensor, on_battery
 from .protocol import (
     AddModel,
     CancelRequest,
     CatalogChanged,
     ChatRequest,
+    CountTokens,
     DescribeTarget,
     ErrorEvent,
     Event,
     LearningProgress,
     LearnNow,
+    LoadStopped,
     ModelLoaded,
     ModelLoading,
     Notice,
     PauseLearning,
+    RemoveModel,
     Request,
     ResetPersonalization,
     Shutdown,
     SwitchTarget,
     TargetDescribed,
     TokenBatch,
+    TokensCounted,
     TurnDone,
     UpdateSettings,
     WorkerReady,
@@ -79,6 +93,7 @@ BATCH_INTERVAL_S = 0.03
 ENGINE_LOCK_WAIT_S = 15.0
 # How often the loop wakes while waiting, to notice that the idle delay has passed.
 _WAKE_S = 0.5
+BATTERY_CHECK_S = 10.0  # how often idle learning looks at the battery sensor
 # Plain steps are timed this long after the last request was handled: the GUI draws
 # the finished reply meanwhile, and on 2 cores its work made them read slow.
 PLAIN_STEP_QUIET_S = 2.0
@@ -126,9 +141,27 @@ def _freeze_long_lived() -> None:
     gc.freeze()
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+def _failure(what: str, exc: BaseException, running: bool = True) -> str:
+    """A sentence for a failure nobody planned for: what failed, and a full disk
+    named as such. The exception itself (its class, its text) goes to the log as
+    the event's detail, never to the person."""
+    from ..storage.persistence import DiskFullError, is_disk_full
+
+    if isinstance(exc, DiskFullError):
+        return f"{what} failed. {exc}"
+    if is_disk_full(exc):
+        return f"{what} failed: the disk is full. Free some space in {paths.data_dir().parent} and try again."
+    still = "the engine keeps running, and " if running else ""
+    return f"{what} failed unexpectedly; {still}the log has the details."
+
+
+# What each request was doing, for _failure's sentence.
+_DOING = {
+    "ChatRequest": "Writing the reply", "SwitchTarget": "Loading the model", "AddModel": "Adding the model",
+    "RemoveModel": "Removing the model", "ResetPersonalization": "Resetting what was learned",
+    "UpdateSettings": "Applying the settings", "DescribeTarget": "Describing the model",
+    "PauseLearning": "Pausing learning", "LearnNow": "Starting learning",
+}
 
 
 def _catalog(engine: EngineAPI) -> list[ModelEntry]:
@@ -146,7 +179,9 @@ class WorkerLoop:
         engine: EngineAPI,
         settings: Settings | None = None,
         parent_alive: Callable[[], bool] = lambda: True,
+        power: PowerSensor = no_sensor,
     ):
+        """power: the battery sensor (power.on_battery in the worker process; none by default)."""
         self.requests = requests
         self.events = events
         self.engine = engine
@@ -158,6 +193,10 @@ class WorkerLoop:
         self.learn_now = False
         # False after idle_step reported nothing to do (or failed): wait for new activity.
         self.learning_has_work = True
+        self.power = power
+        self._power_read_at = float("-inf")
+        self._on_battery = False
+        self._told_battery = False  # the GUI was told learning waits for mains power
 
     def emit(self, event: Event) -> None:
         self.events.put(event)
@@ -207,7 +246,28 @@ class WorkerLoop:
         return min(_WAKE_S, max(0.01, left))
 
     def _can_learn(self) -> bool:
-        return not self.settings.learning_paused and (self.learning_has_work or self.learn_now)
+        if self.settings.learning_paused:
+            return False
+        # Learn now is the user's explicit ask: it runs on battery too.
+        if not self.learn_now and self._held_for_mains():
+            return False
+        return self.learning_has_work or self.learn_now
+
+    def _held_for_mains(self) -> bool:
+        """Whether idle learning waits for mains power: on battery, unless the user
+        lets it learn there; never without a battery sensor. Tells the GUI (its
+        status bar) when that changes. The sensor is read every BATTERY_CHECK_S."""
+        held = False
+        if not self.settings.learning_on_battery:
+            now = time.monotonic()
+            if now - self._power_read_at >= BATTERY_CHECK_S:
+                self._power_read_at = now
+                self._on_battery = self.power() is True
+            held = self._on_battery
+        if held != self._told_battery:
+            self._told_battery = held
+            self.emit(LearningProgress(self._model_id() or "", BATTERY_STATUS if held else "idle"))
+        return held
 
     def _request_waiting(self) -> bool:
         return bool(self.pending) or not self.requests.empty()
@@ -232,7 +292,8 @@ class WorkerLoop:
             try:
                 self.engine.refresh_plain_step(should_stop=self._should_give_way)
             except Exception as exc:  # noqa: BLE001 - a reference figure must never take the worker down
-                self.emit(ErrorEvent(None, f"Timing plain decoding failed: {_short(exc)}", traceback.format_exc()))
+                self.emit(ErrorEvent(None, _failure("Timing plain decoding (the speedup reference)", exc),
+                                     traceback.format_exc()))
             return
         try:
             # A request waiting in the queue stops training at the next layer boundary.
@@ -240,7 +301,8 @@ class WorkerLoop:
         except Exception as exc:  # noqa: BLE001 - learning must never take the worker down
             self.learning_has_work = False  # don't repeat a failing step in a tight loop
             self.learn_now = False
-            self.emit(ErrorEvent(None, f"Learning stopped: {_short(exc)}", traceback.format_exc()))
+            self.emit(ErrorEvent(None, "Learning stopped: " + _failure("a learning step", exc)
+                                 + " It resumes after the next reply.", traceback.format_exc()))
             return
         trim_heap()
         if progress is not None:
@@ -258,7 +320,7 @@ class WorkerLoop:
             self.emit(
                 ErrorEvent(
                     request.request_id,
-                    f"Something went wrong in the engine ({_short(exc)}).",
+                    _failure(_DOING.get(type(request).__name__, "The request"), exc),
                     traceback.format_exc(),
                 )
             )
@@ -281,6 +343,8 @@ class WorkerLoop:
             self._switch_target(request)
         elif isinstance(request, AddModel):
             self._add_model(request)
+        elif isinstance(request, RemoveModel):
+            self._remove_model(request)
         elif isinstance(request, LearnNow):
             self.learn_now = True
             if self.settings.learning_paused:
@@ -289,6 +353,7 @@ class WorkerLoop:
             self._apply_settings(request.request_id, {"learning_paused": request.paused})
             state = "paused" if request.paused else "idle"
             self.emit(LearningProgress(self._model_id() or "", state, request_id=request.request_id))
+            self._told_battery = False  # that replaced what the GUI shows
         elif isinstance(request, ResetPersonalization):
             self.engine.reset_personalization(request.model_id)
             self.emit(Notice(request.request_id, f"What was learned for {request.model_id} was reset."))
@@ -296,6 +361,8 @@ class WorkerLoop:
             self._apply_settings(request.request_id, request.settings)
         elif isinstance(request, DescribeTarget):
             self._describe_target(request)
+        elif isinstance(request, CountTokens):
+            self._count_tokens(request)
         else:
             raise TypeError(f"unknown request {type(request).__name__}")
 
@@ -303,15 +370,33 @@ class WorkerLoop:
         target = self.engine.target
         return target.entry.id if target is not None else None
 
+    def _superseded(self) -> bool:
+        """A newer SwitchTarget waits: the one at hand would be replaced at once."""
+        return any(isinstance(r, SwitchTarget) for r in self.pending)
+
     def _switch_target(self, request: SwitchTarget) -> None:
         from ..models.catalog import ModelError
+        from ..models.loader import LoadCancelled
+
+        stopped = self._drain(request.request_id)  # switches sent in a row: only the newest is served
+        if stopped or self._superseded():
+            self._load_stopped(request, stopped)
+            return
 
         def progress(stage: str, fraction: float) -> None:
             self.emit(ModelLoading(request.request_id, request.model_id, stage, fraction))
 
+        def should_stop() -> bool:  # asked between layers of the load
+            nonlocal stopped
+            stopped = self._drain(request.request_id) or stopped or not self.parent_alive()
+            return stopped or self._superseded()
+
         gc.unfreeze()  # what the previous target left behind can be collected again
         try:
-            entry = self.engine.load_target(request.model_id, progress)
+            entry = self.engine.load_target(request.model_id, progress, should_stop=should_stop)
+        except LoadCancelled:  # the previous target stays loaded
+            self._load_stopped(request, stopped)
+            return
         except ModelError as exc:  # the previous target stays loaded
             self.emit(ErrorEvent(request.request_id, str(exc)))
             return
@@ -325,8 +410,13 @@ class WorkerLoop:
                 self.engine.target.load_seconds,
                 self.engine.drafter_description,
                 self.engine.context_window(),
+                self.engine.model_context(),
             )
         )
+
+    def _load_stopped(self, request: SwitchTarget, cancelled: bool) -> None:
+        reason = "cancelled" if cancelled else "superseded"
+        self.emit(LoadStopped(request.request_id, request.model_id, reason))
 
     def _describe_target(self, request: DescribeTarget) -> None:
         from ..models.context import InputError
@@ -338,6 +428,18 @@ class WorkerLoop:
             return
         self.emit(TargetDescribed(request.request_id, info))
 
+    def _count_tokens(self, request: CountTokens) -> None:
+        from ..models.context import conversation_limit
+
+        target = self.engine.target
+        if target is None:
+            self.emit(ErrorEvent(request.request_id, "No model is loaded yet to count a file's tokens; "
+                                 "attach it once the model has loaded."))
+            return
+        counts = [len(target.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in request.texts]
+        limit = conversation_limit(self.engine.context_window(), self.settings.context_tokens)
+        self.emit(TokensCounted(request.request_id, counts, limit))
+
     def _add_model(self, request: AddModel) -> None:
         from ..models.catalog import ModelError
 
@@ -347,6 +449,16 @@ class WorkerLoop:
             self.emit(ErrorEvent(request.request_id, str(exc)))
             return
         self.emit(CatalogChanged(request.request_id, _catalog(self.engine), entry.id))
+
+    def _remove_model(self, request: RemoveModel) -> None:
+        from ..models.catalog import ModelError
+
+        try:
+            self.engine.catalog.remove(request.model_id)
+        except ModelError as exc:
+            self.emit(ErrorEvent(request.request_id, str(exc)))
+            return
+        self.emit(CatalogChanged(request.request_id, _catalog(self.engine)))
 
     def _apply_settings(self, request_id: int, changes: dict) -> None:
         self.settings, problems = self.settings.updated(**changes)
@@ -379,7 +491,13 @@ class WorkerLoop:
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
+            stop_strings=tuple(request.stop),
+            top_k=request.top_k,
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
         )
+        evaluating = self.engine.evaluating
+        self.engine.evaluating = evaluating or not request.learn  # a turn that must teach nothing
         try:
             for item in self._chat_stream(request, cfg, should_stop):
                 if isinstance(item, TokenChunk):
@@ -395,14 +513,24 @@ class WorkerLoop:
             self._chat_failed(
                 request.request_id,
                 batcher,
-                f"The reply failed ({_short(exc)}).",
+                _failure("The reply", exc),
                 traceback.format_exc(),
             )
+        finally:
+            self.engine.evaluating = evaluating
 
     def _chat_stream(
         self, request: ChatRequest, cfg: GenerationConfig, should_stop: ShouldStop
     ) -> Iterator[TokenChunk | TurnFinished]:
-        return self.engine.chat(request.messages, cfg, should_stop, speculative=request.speculative)
+        from ..storage.secure_store import without_surrogates
+
+        # A lone UTF-16 surrogate (pasted text) has no UTF-8 form and no token: read as U+FFFD.
+        if request.prompt is not None:
+            prompt = without_surrogates(request.prompt)
+            return self.engine.complete(prompt, cfg, should_stop, speculative=request.speculative)
+        messages = [{**m, "content": without_surrogates(m["content"])} if isinstance(m.get("content"), str) else m
+                    for m in request.messages]
+        return self.engine.chat(messages, cfg, should_stop, speculative=request.speculative)
 
     def _turn_done(self, request_id: int, item: TurnFinished) -> TurnDone:
         return TurnDone(
@@ -445,6 +573,9 @@ class WorkerLoop:
                 self.pending.remove(request)
                 model_id = self._model_id() or ""
                 self.emit(TurnDone(request_id, "", "cancelled", None, model_id, None))
+            elif isinstance(request, SwitchTarget) and request.request_id == request_id:
+                self.pending.remove(request)
+                self._load_stopped(request, cancelled=True)
 
 
 # ---------------------------------------------------------------------- process side
@@ -457,8 +588,17 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+def private_files() -> None:
+    """Everything this process creates is its user's alone (folders 0700, files
+    0600), whichever library writes it: converted model copies, compiled kernels,
+    what learning saves."""
+    if os.name == "posix":
+        os.umask(0o077)
+
+
 def worker_main(requests: Any, events: Any, home: str | None = None, threads: int | None = None) -> None:
     """Entry point of the worker process."""
+    private_files()
     if home:
         os.environ[HOME_ENV] = home
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no extra tokenizer threads
@@ -477,6 +617,7 @@ def worker_main(requests: Any, events: Any, home: str | None = None, threads: in
     def parent_alive() -> bool:
         return parent is None or parent.is_alive()
 
+    _start_orphan_watchdog(parent_alive)
     try:
         # One engine per data folder: an engine of a GUI that just died stops within
         # a decoding step (parent_alive), so a quick restart waits for it briefly.
@@ -487,14 +628,47 @@ def worker_main(requests: Any, events: Any, home: str | None = None, threads: in
     try:
         engine = Engine()
     except Exception as exc:
-        events.put(ErrorEvent(None, f"The engine could not start ({_short(exc)}).", traceback.format_exc()))
+        events.put(ErrorEvent(None, _failure("Starting the engine", exc, running=False), traceback.format_exc()))
         raise
-    WorkerLoop(requests, events, engine, parent_alive=parent_alive).run()
+    WorkerLoop(requests, events, engine, parent_alive=parent_alive, power=on_battery).run()
     lock.release()
     if not parent_alive():
         # Nobody reads the events any more: exiting must not wait for the queue's
         # feeder thread to push them into a pipe that may be full.
         events.cancel_join_thread()
+
+
+# How often the watchdog looks at the GUI, and how long it then lets the request
+# loop end by itself (it does within a decoding step, a layer of learning or half a
+# second idle, saving what it learned) before it ends the process mid-load.
+WATCHDOG_S = 0.25
+ORPHAN_GRACE_S = 1.5
+
+
+def _start_orphan_watchdog(parent_alive: Callable[[], bool]) -> None:
+    """End this worker soon after its GUI is gone, whatever the request loop is
+    doing: a model load checks nothing for minutes, and an orphan that keeps
+    loading holds engine.lock, so the next app could not start its engine.
+
+    Ending with os._exit is safe for the data: every file is written to a
+    temporary name and renamed, or appended to a log whose reader drops a cut-short
+    tail (core.storage.persistence), so a save cut short leaves the previous
+    version; the kernel releases the folder lock."""
+    import sys
+    import threading
+
+    def watch() -> None:
+        while parent_alive():
+            time.sleep(WATCHDOG_S)
+        time.sleep(ORPHAN_GRACE_S)  # the loop usually ends (and saves) by itself meanwhile
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="orphan-watchdog", daemon=True).start()
 
 
 class WorkerHandle:

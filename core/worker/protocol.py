@@ -31,11 +31,21 @@ class ChatRequest:
     top_p: float = 1.0
     seed: int | None = None
     speculative: bool = True  # False = plain target decoding
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    # A raw text to continue instead of `messages` (the server's /v1/completions).
+    prompt: str | None = None
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these texts
+    # False: the turn teaches the engine nothing (no replay sample, no n-gram entries);
+    # the server's turns unless learning from API traffic is on.
+    learn: bool = True
 
 
 @dataclass
 class CancelRequest:
-    # The id of the ChatRequest to stop; its TurnDone (reason "cancelled") answers.
+    # The id of the ChatRequest to stop (its TurnDone, reason "cancelled", answers) or of
+    # the SwitchTarget whose load to stop (LoadStopped answers).
     request_id: int
 
 
@@ -49,6 +59,14 @@ class SwitchTarget:
 class AddModel:
     request_id: int
     path: str
+
+
+@dataclass
+class RemoveModel:
+    """Take a model the user added off the Targets menu (its files stay); CatalogChanged answers."""
+
+    request_id: int
+    model_id: str
 
 
 @dataclass
@@ -82,6 +100,15 @@ class DescribeTarget:
 
 
 @dataclass
+class CountTokens:
+    """Files for a message: how many of the loaded target's tokens each text is;
+    TokensCounted answers (ErrorEvent when no model is loaded)."""
+
+    request_id: int
+    texts: list[str]
+
+
+@dataclass
 class Shutdown:
     request_id: int
 
@@ -91,11 +118,13 @@ Request = (
     | CancelRequest
     | SwitchTarget
     | AddModel
+    | RemoveModel
     | LearnNow
     | PauseLearning
     | ResetPersonalization
     | UpdateSettings
     | DescribeTarget
+    | CountTokens
     | Shutdown
 )
 
@@ -131,6 +160,18 @@ class ModelLoaded:
     load_seconds: float
     drafter: str | None  # description of the drafter in use, None when plain only
     context_window: int = 0  # the most tokens it reads here: what the context setting can go up to
+    model_context: int = 0  # the most it reads by its own design (memory here may allow less)
+
+
+@dataclass
+class LoadStopped:
+    """A SwitchTarget that was not served: a later SwitchTarget superseded it
+    ("superseded"), or a CancelRequest with its id stopped it ("cancelled"). The
+    model loaded before it stays loaded."""
+
+    request_id: int  # the SwitchTarget it answers
+    model_id: str
+    reason: str  # "superseded" or "cancelled"
 
 
 @dataclass
@@ -172,6 +213,13 @@ class TargetDescribed:
 
 
 @dataclass
+class TokensCounted:
+    request_id: int  # the CountTokens it answers
+    counts: list[int]  # per text, in the target's tokens
+    limit: int  # the most tokens of a conversation the target reads now (context less the reply's share)
+
+
+@dataclass
 class ErrorEvent:
     request_id: int | None  # the failed request; None when tied to none
     message: str  # shown to the user as is
@@ -192,10 +240,12 @@ Event = (
     | CatalogChanged
     | ModelLoading
     | ModelLoaded
+    | LoadStopped
     | TokenBatch
     | TurnDone
     | LearningProgress
     | TargetDescribed
+    | TokensCounted
     | ErrorEvent
     | Notice
 )
