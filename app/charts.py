@@ -230,8 +230,9 @@ class ChartsPanel(QWidget):
         if self._following:
             self.refresh()
 
-    def add_turn(self, stats: TurnStats, model_id: str, baseline: float | None) -> None:
-        self.history.add_turn(stats, model_id, baseline)
+    def add_turn(self, stats: TurnStats, model_id: str, baseline: float | None, served: bool = False) -> None:
+        """served: a reply of the local server, drawn as a diamond rather than a dot."""
+        self.history.add_turn(stats, model_id, baseline, served)
         self._changed()
 
     def add_learning(self, model_id: str, steps: int, samples: int, loss, acceptance) -> None:
@@ -321,6 +322,8 @@ class ChartsPanel(QWidget):
             text += f" (first {n} vs last {n} of {len(replies)} drafted replies)"
         else:
             text += f" ({len(replies)} drafted {'reply' if len(replies) == 1 else 'replies'})"
+        if served := sum(r.served for r in replies):
+            text += f" · {served} served over the API (diamonds)"
         steps = max((m.steps for m in learning), default=0)
         return text + (f" · drafter trained {steps} steps" if steps else " · not trained yet")
 
@@ -335,7 +338,10 @@ class ChartsPanel(QWidget):
                                          pen=_pen(self._p.chart_muted, 1, Qt.PenStyle.DashLine)))
         xs, ys = zip(*points)
         # The titles say what each series is: a legend box would sit on the points.
-        plot.plot(xs, ys, pen=None, symbol="o", symbolSize=5, symbolBrush=self._p.chart_muted, symbolPen=None)
+        # Served replies (the local server's) are diamonds, the chat's dots.
+        served = {i + 1 for i, r in enumerate(replies) if r.served}
+        symbols = ["d" if x in served else "o" for x in xs]
+        plot.plot(xs, ys, pen=None, symbol=symbols, symbolSize=5, symbolBrush=self._p.chart_muted, symbolPen=None)
         plot.plot(xs, rolling_mean(list(ys)), pen=_pen(self._p.chart_accent))
         plot.setXRange(0.5, max(xs) + 0.5, padding=0.02)
 

@@ -22,7 +22,7 @@ import csv
 import json
 import time
 from bisect import bisect_right
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from omnidraft.core.events import TurnStats
@@ -55,6 +55,7 @@ class ReplyMetric:
     accepted: int
     baseline_tokens_per_s: float | None
     speedup: float | None
+    served: bool = False  # a reply of the local server (server/), not of the app's chat
 
 
 @dataclass
@@ -116,7 +117,8 @@ class MetricsHistory:
 
     # ------------------------------------------------------------ recording
 
-    def add_turn(self, stats: TurnStats, model_id: str, baseline_tokens_per_s: float | None) -> ReplyMetric:
+    def add_turn(self, stats: TurnStats, model_id: str, baseline_tokens_per_s: float | None,
+                 served: bool = False) -> ReplyMetric:
         tps = stats.tokens_per_s
         metric = ReplyMetric(
             time=time.time(),
@@ -131,6 +133,7 @@ class MetricsHistory:
             accepted=stats.accepted,
             baseline_tokens_per_s=baseline_tokens_per_s,
             speedup=stats.speedup,
+            served=served,
         )
         self._keep(self.replies, self._reply_lines, metric, MAX_REPLIES, self._line("reply", metric))
         return metric
@@ -277,7 +280,7 @@ class MetricsHistory:
 
 def _allowed_types(cls) -> dict[str, tuple[type, ...]]:
     """Each field's allowed JSON value types, from its annotation ("float | None")."""
-    names = {"float": (int, float), "int": (int,), "str": (str,), "None": (type(None),)}
+    names = {"float": (int, float), "int": (int,), "str": (str,), "bool": (bool,), "None": (type(None),)}
     return {f.name: tuple(t for part in str(f.type).split(" | ") for t in names[part]) for f in fields(cls)}
 
 
@@ -292,10 +295,12 @@ def _metric(record: object, path: Path, number: int) -> tuple[str, ReplyMetric |
         raise CorruptStateError(path, f"line {number} is not a chart record")
     (kind, values), = record.items()
     cls, allowed = _FIELDS[kind]
-    if not isinstance(values, dict) or values.keys() != allowed.keys():
+    # Fields with a default (added later: `served`) may be missing from older lines.
+    required = {f.name for f in fields(cls) if f.default is MISSING}
+    if not isinstance(values, dict) or not required <= values.keys() <= allowed.keys():
         raise CorruptStateError(path, f"line {number} does not have a {kind}'s fields")
-    if not all(type(values[name]) in types for name, types in allowed.items()):
-        bad = next(name for name, types in allowed.items() if type(values[name]) not in types)
+    if not all(type(values[name]) in allowed[name] for name in values):
+        bad = next(name for name in values if type(values[name]) not in allowed[name])
         raise CorruptStateError(path, f"line {number}: {bad} has the wrong type")
     return kind, cls(**values)
 
