@@ -8,6 +8,7 @@ the conversation store keeps the text.
 from __future__ import annotations
 
 from omnidraft.core.storage.conversations import ConversationStore
+from omnidraft.core.storage.search_index import Hit, SearchIndex
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
@@ -31,8 +32,16 @@ class ChatPane(QSplitter):
         self.current_conv: str | None = None
         self.sidebar = ConversationList()
         self.sidebar.setMinimumWidth(200)
+        # Every chat's messages, searchable; in memory only (the chats are encrypted on disk).
+        self.search_index = SearchIndex()
+        self.search_index.start_building(store.list())
+        self.sidebar.searcher = self.search_messages
         self.header = ChatHeader()
         self.chat = ChatView()
+        # Attached files' tokens are counted by the engine, with the loaded model's tokenizer.
+        tray = self.chat.attachments
+        tray.send_request, tray.next_id = session.bridge.send, session.bridge.next_id
+        tray.model_name = lambda: targets.name_of(targets.current or targets.wanted)
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
@@ -51,6 +60,7 @@ class ChatPane(QSplitter):
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.rename_requested.connect(self._rename)
         self.sidebar.delete_requested.connect(self._delete)
+        self.sidebar.result_opened.connect(self.open_message)
         self.header.system_prompt_changed.connect(self.set_system_prompt)
         self.chat.send_requested.connect(self.send_message)
         self.chat.stop_requested.connect(self.stop_reply)
@@ -145,7 +155,22 @@ class ChatPane(QSplitter):
         self.chat.composer.setFocus()
 
     def refresh_sidebar(self) -> None:
-        self.sidebar.show_conversations(self.store.list(), self.current_conv)
+        conversations = self.store.list()
+        self.search_index.sync(conversations)  # what changed since: a message, an edit, a deletion
+        self.sidebar.show_conversations(conversations, self.current_conv)
+
+    def search_messages(self, query: str) -> list[Hit]:
+        self.search_index.sync(self.store.list())  # a streaming reply changes without a refresh
+        return self.search_index.search(query, self._message_text)
+
+    def _message_text(self, conv_id: str, index: int) -> str:
+        return self.store.get(conv_id).messages[index].get("content", "")
+
+    def open_message(self, conv_id: str, index: int) -> None:
+        """Show a chat scrolled to one of its messages (a search result)."""
+        if conv_id in self.store:
+            self.show_conversation(conv_id)
+            self.chat.scroll_to_message(index)
 
     def with_chat(self, action) -> None:
         """Run `action(conversation id)` on the chat on screen, if there is one."""

@@ -8,8 +8,10 @@ starts one of several versions. The widget only asks; the chat pane does it.
 
 from __future__ import annotations
 
+import math
 import time
 
+from omnidraft.core.storage.attachments import split_attachments
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .attachments import MessageFiles
 from .markdown_blocks import ReplyBody, copy_button
 
 # A streaming reply is re-rendered whole (markdown cannot be appended to safely), so
@@ -36,7 +39,8 @@ def describe_stats(stats: dict | None, baseline: float | None = None) -> str:
     parts = [f"{stats['new_tokens']} tokens"]
     if stats.get("first_token_seconds"):  # replies saved before it was measured have none
         parts.append(f"first after {stats['first_token_seconds']:.1f} s")
-    parts.append(f"{stats.get('tokens_per_s') or 0:.1f} tok/s")
+    speed = stats.get("tokens_per_s")  # None (or not a number) in an imported chat: not known
+    parts.append(f"{speed:.1f} tok/s" if isinstance(speed, int | float) and math.isfinite(speed) else "speed unknown")
     if stats.get("tokens_per_step"):
         parts.append(f"{stats['tokens_per_step']:.2f} tokens/step")
     if stats.get("acceptance_rate") is not None:
@@ -115,6 +119,7 @@ class MessageWidget(QFrame):
                                 "Copy this reply as Markdown")
         # Users type plain text; replies are markdown.
         self.body = ReplyBody(markdown=role != "user")
+        self.files = MessageFiles()  # the files a user message holds, as chips
         self.note = QLabel()
         self.note.setObjectName("MessageNote")
         self.note.setWordWrap(True)
@@ -160,7 +165,7 @@ class MessageWidget(QFrame):
         layout.setContentsMargins(14, 8, 14, 10)
         layout.setSpacing(4)
         layout.addLayout(header)
-        for widget in (self.body, self.editor, self.edit_buttons, self.note, self.meta):
+        for widget in (self.body, self.files, self.editor, self.edit_buttons, self.note, self.meta):
             layout.addWidget(widget)
         self.close_editor()
         self.set_version(None)
@@ -252,9 +257,18 @@ class MessageWidget(QFrame):
             self._render()
 
     def restyle(self) -> None:
+        for block in self.body.code_blocks():
+            block.restyle()  # the code's colours come from the theme
+        self.files.restyle()
         if self.highlight:
             self.body.reset()  # the tint's colour is baked into the rendered blocks
             self._render()
+
+    def set_found(self, on: bool) -> None:
+        """Mark it as the message a search opened (the style sheet's [found] rule)."""
+        self.setProperty("found", on)
+        self.style().unpolish(self)
+        self.style().polish(self)
 
     def set_note(self, text: str | None) -> None:
         self.note.setText(text or "")
@@ -267,6 +281,10 @@ class MessageWidget(QFrame):
     def _render(self) -> None:
         self._render_timer.stop()
         start = time.perf_counter()
-        self.body.render(self.raw, self.drafted if self.highlight else None)
+        text = self.raw
+        if self.role == "user":  # attached files show as chips, not as the fenced text the model reads
+            text, files = split_attachments(self.raw)
+            self.files.show_files(files)
+        self.body.render(text, self.drafted if self.highlight else None)
         self._rendered_at = time.perf_counter()
         self._render_cost = self._rendered_at - start

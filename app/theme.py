@@ -68,6 +68,7 @@ class Palette:
     chart_muted: str
     chart_accent: str
     chart_accent_2: str
+    code_style: str = "default"  # the Pygments style code blocks take their token colours from
 
 
 LIGHT = Palette(
@@ -89,6 +90,7 @@ DARK = Palette(
     banner_bg="#3b331a", banner_border="#5c4d20", banner_text="#f0dc9c", draft_tint="#1e4a2d",
     good="#72c476", bad="#f07167", link="#8ab0ff",
     chart_fg="#bcc3cd", chart_muted="#7c8593", chart_accent="#6d9bff", chart_accent_2="#f0934d",
+    code_style="github-dark",
 )
 THEMES = {"light": LIGHT, "dark": DARK}
 CHOICES = ("system", "light", "dark")  # the Settings choice; "system" follows the desktop
@@ -122,6 +124,10 @@ QToolTip {{ background: {p.surface}; color: {p.text}; border: 1px solid {p.borde
 #ConversationList::item {{ padding: 7px 8px; border-radius: 7px; margin: 1px 0; }}
 #ConversationList::item:hover {{ background: {p.hover}; }}
 #ConversationList::item:selected {{ background: {p.selected}; color: {p.text}; }}
+#SearchResults {{ background: transparent; border: none; outline: none; }}
+#SearchResults::item {{ padding: 5px 8px; border-radius: 7px; margin: 1px 0; color: {p.muted}; }}
+#SearchResults::item:hover {{ background: {p.hover}; }}
+#SearchResults::item:selected {{ background: {p.selected}; color: {p.text}; }}
 
 #ChatScroll, #ChatCanvas, #ChatColumn {{ background: {p.window_bg}; }}
 #ContextCut {{
@@ -130,6 +136,7 @@ QToolTip {{ background: {p.surface}; color: {p.text}; border: 1px solid {p.borde
 #EmptyHint {{ color: {p.muted}; font-size: 11pt; padding: 80px 20px; }}
 #UserMessage {{ background: {p.user_bubble}; border: 1px solid {p.user_border}; border-radius: 12px; }}
 #AssistantMessage {{ background: {p.surface}; border: 1px solid {p.border}; border-radius: 12px; }}
+#UserMessage[found="true"], #AssistantMessage[found="true"] {{ border: 2px solid {p.accent}; }}
 #Author {{ font-weight: 600; color: {p.muted}; font-size: 9pt; }}
 #MessageNote {{ color: {p.muted}; font-style: italic; font-size: 9pt; }}
 #MessageMeta {{ color: {p.faint}; font-size: 8.5pt; }}
@@ -187,6 +194,16 @@ QToolTip {{ background: {p.surface}; color: {p.text}; border: 1px solid {p.borde
 #SendButton:hover {{ background: {p.accent_hover}; }}
 #SendButton[stop="true"] {{ background: {p.danger}; }}
 #SendButton[stop="true"]:hover {{ background: {p.danger_hover}; }}
+#AttachButton {{
+    background: {p.button}; border: 1px solid {p.input_border}; border-radius: 10px;
+    padding: 5px 8px; font-size: 12pt; font-weight: 600; color: {p.muted};
+}}
+#AttachButton:hover {{ background: {p.button_hover}; color: {p.text}; }}
+#AttachmentChip {{ background: {p.code_bg}; border: 1px solid {p.code_border}; border-radius: 8px; }}
+#AttachmentName {{ font-size: 9pt; }}
+#AttachmentRemove {{ border: none; color: {p.muted}; font-weight: 600; padding: 0 3px; }}
+#AttachmentRemove:hover {{ color: {p.danger}; }}
+#AttachNote {{ color: {p.bad}; font-size: 9pt; }}
 
 #Banner {{ background: {p.banner_bg}; border-bottom: 1px solid {p.banner_border}; }}
 #Banner QLabel {{ color: {p.banner_text}; }}

@@ -10,6 +10,10 @@ screenshots of the window, the charts and the settings dialog.
         --prompt "Write a Python function that reverses a string." --shots docs/screenshots
 
 --learn-seconds N then asks the engine to learn now and watches it for N seconds.
+--attach FILE attaches files to the first prompt (the engine counts their tokens);
+--search TEXT searches the chats' messages from the sidebar at the end. With
+--shots, the attached chips, the search results and the last reply's code block
+get a screenshot each (attach.png, search.png, code-highlighting.png).
 
 User data goes to a fresh temporary OMNIDRAFT_HOME; --cache points its cache
 at an existing one (converted weights) so models are not converted again.
@@ -27,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import non_negative_float, positive_float, positive_int, tool_parser
+from .common import existing_file, non_negative_float, positive_float, positive_int, tool_parser
 
 DEFAULT_PROMPT = "Write a short Python function that reverses a string, and explain it."
 
@@ -58,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause", type=non_negative_float, default=0.0,
                    help="seconds between a reply and the next prompt, as a person reading it")
     p.add_argument("--keep-home", action="store_true", help="keep the temporary data folder")
+    p.add_argument("--attach", type=existing_file, action="append", default=[],
+                   help="a file to attach to the first prompt (repeatable)")
+    p.add_argument("--search", default="reverse", help="what to search the chats' messages for at the end")
     p.add_argument("--size", type=window_size, default=(1280, 800), help="the window's WIDTHxHEIGHT (default 1280x800)")
     p.add_argument("--timeout", type=positive_float, default=900.0,
                    help="seconds each phase (loading, a reply) may take")
@@ -106,6 +113,14 @@ async def drive(window, args, shots: Path | None) -> dict:
     for n, prompt in enumerate(args.prompt):
         if n:
             await asyncio.sleep(args.pause)
+        if n == 0 and args.attach:
+            tray = window.chat.attachments
+            tray.add_paths([str(path) for path in args.attach])
+            await until(tray.ready, args.timeout)
+            await asyncio.sleep(0.3)
+            if shots:
+                shots.mkdir(parents=True, exist_ok=True)
+                window.grab().save(str(shots / "attach.png"))
         window.chat.composer.setPlainText(prompt)
         window.chat._submit()
         request_id = window.session.active.request_id
@@ -146,6 +161,15 @@ async def drive(window, args, shots: Path | None) -> dict:
         await asyncio.sleep(0.2)
         dialog.grab().save(str(shots / "settings.png"))
         dialog.close()
+        reply = window.chat.current_reply()
+        blocks = reply.body.code_blocks() if reply is not None else []
+        if blocks:
+            await until(lambda: all(b.highlighted() for b in blocks), args.timeout)
+            reply.grab().save(str(shots / "code-highlighting.png"))
+        window.sidebar.search.setText(args.search)
+        await until(lambda: window.sidebar.results.count() > 0 or window.sidebar.results_title.isVisible(), 10)
+        await asyncio.sleep(0.3)
+        window.grab().save(str(shots / "search.png"))
     return {
         "target": window.targets.current,
         "load_seconds": round(load_s, 1),
