@@ -36,6 +36,55 @@ def test_greedy_matches_transformers_generate(family, smol_tok, gemma_tok, qwen_
     assert done.stats.new_tokens == 12 and done.stats.tokens_per_s > 0
 
 
+def test_greedy_with_a_repetition_penalty_matches_transformers_generate(smol_tok):
+    """The penalty applies under greedy, over the prompt and the reply so far
+    (transformers penalizes the whole sequence: a window longer than it)."""
+    model = tiny_llama(len(smol_tok))
+    cfg = GenerationConfig(max_new_tokens=12, repetition_penalty=1.3, penalty_last_n=4096)
+    done, _, ids = _run(model, smol_tok, cfg)
+    ref = model.generate(
+        torch.tensor([ids]), max_new_tokens=12, do_sample=False, repetition_penalty=1.3,
+        eos_token_id=None, pad_token_id=0,
+    )[0, len(ids):].tolist()
+    assert done.token_ids == ref
+    assert ref != _run(model, smol_tok, GenerationConfig(max_new_tokens=12))[0].token_ids  # it changed the reply
+
+
+@pytest.mark.parametrize("control", [
+    {}, {"top_k": 5}, {"top_p": 0.8}, {"min_p": 0.2}, {"repetition_penalty": 1.7},
+    {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.2},
+])
+def test_sampling_distribution_is_transformers(control):
+    """What sampling draws from under each control (and all together) is what
+    transformers' processors give (penalty, temperature, top-k, top-p, min-p)."""
+    from omnidraft.core.decoding.sampling import penalize, probabilities
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    cfg = GenerationConfig(**{"temperature": 1.0, "penalty_last_n": 4096, **control})
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(0)) * 3
+    history = [3, 7, 7, 12, 40, 3]
+    chain = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty),
+                                 TemperatureLogitsWarper(cfg.temperature)])
+    if cfg.top_k:
+        chain.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p < 1:
+        chain.append(TopPLogitsWarper(cfg.top_p))
+    if cfg.min_p:
+        chain.append(MinPLogitsWarper(cfg.min_p))
+    want = torch.softmax(chain(torch.tensor([history]), logits[None].clone())[0], -1)
+    got = probabilities(penalize(logits, history, cfg), cfg)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    if control:
+        assert not torch.allclose(got, torch.softmax(logits, -1)), "the control changed nothing"
+
+
 def test_sampling_is_reproducible_with_a_seed(smol_tok):
     model = tiny_llama(len(smol_tok))
     cfg = GenerationConfig(max_new_tokens=10, temperature=0.9, top_p=0.9, seed=7)

@@ -1,11 +1,19 @@
 """Speculative decoding: lossless greedy against plain decoding (float32, tiny
 random models with the two real tokenizers), sampling, cancellation."""
 
+import collections
+import itertools
+import math
 import time
 
 import pytest
 import torch
-from omnidraft.core.decoding.sampling import GenerationConfig
+from omnidraft.core.decoding.sampling import (
+    GenerationConfig,
+    penalize,
+    penalize_rows,
+    probabilities,
+)
 from omnidraft.core.decoding.speculative import SpecOptions, generate_speculative
 from omnidraft.core.decoding.verification import verify_sampling
 from omnidraft.core.decoding.vocab_bridge import VocabBridge
@@ -82,6 +90,40 @@ def test_same_vocab_with_a_perfect_drafter_accepts_everything(smol_tok):
     assert spec.stats.steps <= 21 // 5 + 1
 
 
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+def test_greedy_with_a_repetition_penalty_is_plain_decodings_reply(cross, gemma_tok, prompt):
+    """The penalty applies under greedy (as in llama.cpp and transformers), and each
+    verified position is penalized with the drafts before it: the reply is plain
+    decoding's token for token, and not the unpenalized one."""
+    target, drafter, bridge = cross
+    cfg = GenerationConfig(max_new_tokens=24, repetition_penalty=1.5)
+    plain = run_plain(target, gemma_tok, prompt, cfg)
+    assert plain.token_ids != run_plain(target, gemma_tok, prompt, GenerationConfig(max_new_tokens=24)).token_ids
+    for lookup in (True, False):
+        spec = _run_spec(target, gemma_tok, drafter, bridge, prompt, cfg, prompt_lookup=lookup)
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.proposed > 0
+
+
+@pytest.mark.parametrize("draw", [True, False])
+@pytest.mark.parametrize("control", [{"top_k": 1}, {"min_p": 1.0}])
+def test_sampling_controls_reach_speculative_verification(smol_tok, control, draw):
+    """Top-k 1 and min-p 1 leave only the most likely token, so sampling with either
+    gives the greedy reply, drafted or not: the controls reach both the drafter
+    and the verification. Same-vocabulary pair, so drawn drafts are used as drawn."""
+    target = tiny_llama(len(smol_tok), seed=5)
+    drafter = lean_drafter(tiny_llama(len(smol_tok), seed=6), smol_tok, k=3, draw_drafts=draw)
+    bridge = VocabBridge(smol_tok, smol_tok)
+    greedy = run_plain(target, smol_tok, PROMPTS[0], GenerationConfig(max_new_tokens=16))
+    cfg = GenerationConfig(max_new_tokens=16, temperature=1.5, seed=4, **control)
+    assert run_plain(target, smol_tok, PROMPTS[0], cfg).token_ids == greedy.token_ids
+    spec = _run_spec(target, smol_tok, drafter, bridge, PROMPTS[0], cfg, prompt_lookup=False)
+    assert spec.token_ids == greedy.token_ids and spec.stats.proposed > 0
+    loose = _run_spec(target, smol_tok, drafter, bridge, PROMPTS[0],
+                      GenerationConfig(max_new_tokens=16, temperature=1.5, seed=4), prompt_lookup=False)
+    assert loose.token_ids != greedy.token_ids  # without the control, sampling wanders
+
+
 def test_sampling_is_reproducible_and_stops_at_max_tokens(cross, gemma_tok):
     target, drafter, bridge = cross
     cfg = GenerationConfig(max_new_tokens=16, temperature=0.8, top_p=0.95, seed=11)
@@ -91,8 +133,21 @@ def test_sampling_is_reproducible_and_stops_at_max_tokens(cross, gemma_tok):
     assert len(a.token_ids) == 16 and a.reason == "length"
 
 
+# Each sampling control alone, then all together (temperature 1 unless the control is it).
+CONTROLS = {
+    "temperature": {"temperature": 1.6},
+    "top-k": {"top_k": 2},
+    "top-p": {"top_p": 0.9},
+    "min-p": {"min_p": 0.1},
+    # A 2-token window, so each position's history differs (4 tokens would soon all be in a longer one).
+    "repetition penalty": {"repetition_penalty": 4.0, "penalty_last_n": 2},
+    "all": {"temperature": 0.8, "top_k": 3, "top_p": 0.9, "min_p": 0.1, "repetition_penalty": 4.0,
+            "penalty_last_n": 2},
+}
+
+
 @pytest.mark.parametrize("draw", [True, False])
-def test_speculative_sampling_emits_the_target_distribution(draw):
+def test_speculative_sampling_emits_the_target_distribution(draw, one_thread):
     """Whatever the drafter proposes, the token verification emits follows the
     target's p: a drawn draft (t ~ q, accepted with min(1, p/q)) or the drafter's
     most likely token (a point mass, accepted with p(t)), the residual drawing the
@@ -113,6 +168,103 @@ def test_speculative_sampling_emits_the_target_distribution(draw):
         counts[tok if accepted else own] += 1
     sigma = (n * p * (1 - p)).sqrt()
     assert ((counts - n * p).abs() < 4 * sigma).all(), (counts / n).tolist()
+
+
+# A toy pair on 4 tokens: bigram logits (the next token's logits after each token)
+# for the target and for a drafter that disagrees with it.
+_VOCAB, _REPLY, _PROMPT = 4, 3, (0, 1)
+_TARGET = torch.randn(_VOCAB, _VOCAB, generator=torch.Generator().manual_seed(1)) * 1.5 + 1.5 * torch.eye(_VOCAB)
+
+
+def _target(cfg: GenerationConfig) -> torch.Tensor:
+    """Under the penalty, a target keener still to repeat its last token (what the
+    penalty is for), so a wrong history shows; elsewhere that would leave too few
+    likely replies."""
+    return _TARGET + 1.5 * torch.eye(_VOCAB) if cfg.penalized else _TARGET
+_DRAFTER = torch.randn(_VOCAB, _VOCAB, generator=torch.Generator().manual_seed(2)) * 1.5
+
+
+def _plain_reply_distribution(cfg: GenerationConfig) -> dict[tuple[int, ...], float]:
+    """Each 3-token reply's exact chance under plain sampling (pick's transforms:
+    the penalty with the context so far, then probabilities)."""
+    exact, target = {}, _target(cfg)
+    for reply in itertools.product(range(_VOCAB), repeat=_REPLY):
+        chance, context = 1.0, list(_PROMPT)
+        for tok in reply:
+            logits = penalize(target[context[-1]], context, cfg) if cfg.penalized else target[context[-1]]
+            chance *= float(probabilities(logits, cfg)[tok])
+            context.append(tok)
+        exact[reply] = chance
+    return exact
+
+
+def _speculative_replies(cfg: GenerationConfig, draw: bool, n: int, k: int = 2) -> collections.Counter:
+    """n replies by speculative sampling, as SpeculativeDecoder runs it: k drafter
+    tokens drawn from its own transformed distribution (or its likeliest, point
+    masses), one target pass over them, its rows penalized each with its own
+    history. What depends on no draw is computed once per history."""
+    gen = torch.Generator().manual_seed(3)
+    target, drafter = _target(cfg), probabilities(_DRAFTER, cfg)  # the drafter knows no history: no penalty
+    points = torch.eye(_VOCAB)
+    rows: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    replies: collections.Counter = collections.Counter()
+    for _ in range(n):
+        context: list[int] = list(_PROMPT)
+        while len(context) - len(_PROMPT) < _REPLY:
+            tokens: list[int] = []
+            for _ in range(k):
+                own = drafter[(tokens or context)[-1]]
+                tokens.append(int(torch.multinomial(own, 1, generator=gen)) if draw else int(own.argmax()))
+            q = [float(drafter[prev, tok]) if draw else 1.0 for prev, tok in zip(context[-1:] + tokens, tokens)]
+            dists = [drafter[prev] if draw else points[tok] for prev, tok in zip(context[-1:] + tokens, tokens)]
+            key = (tuple(context), tuple(tokens))
+            if key not in rows:
+                logits = target[[context[-1]] + tokens]
+                rows[key] = penalize_rows(logits, context, tokens, cfg) if cfg.penalized else logits
+            accepted, own_token = verify_sampling(tokens, q, rows[key], cfg, gen, lambda i, d=dists: d[i])
+            context += tokens[:accepted] + [own_token]
+        replies[tuple(context[len(_PROMPT):len(_PROMPT) + _REPLY])] += 1
+    return replies
+
+
+@pytest.fixture
+def one_thread():
+    """Torch ops on 4-token rows: one thread spares each op a hand-off between
+    threads (with the CPUs busy, ~10 ms for a softmax)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("draw", [True, False])
+@pytest.mark.parametrize("control", list(CONTROLS))
+def test_speculative_sampling_under_each_control_emits_plain_samplings_replies(control, draw, one_thread):
+    """Under each sampling control and all of them together, speculative sampling's
+    3-token replies follow plain sampling's exact distribution over all 64: the
+    verification judges drafts by the transformed target distribution (for the
+    repetition penalty, row i's history holds the drafts before i), the drafter's
+    proposal is what it drew from. A chi-square bound with cells of under 5
+    expected replies pooled; a wrong history (row i without the drafts before i)
+    or the untransformed target fails it several times over."""
+    cfg = GenerationConfig(**{"temperature": 1.0, **CONTROLS[control]})
+    exact = _plain_reply_distribution(cfg)
+    n = 1000
+    seen = _speculative_replies(cfg, draw, n)
+    assert set(seen) <= {r for r, c in exact.items() if c > 0}, "a reply plain sampling never gives"
+    cells, pooled_expected, pooled_seen = [], 0.0, 0
+    for reply, chance in exact.items():
+        if n * chance >= 5:
+            cells.append((seen[reply], n * chance))
+        else:
+            pooled_expected += n * chance
+            pooled_seen += seen[reply]
+    if pooled_expected > 0:
+        cells.append((pooled_seen, pooled_expected))
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    assert dof >= 5, "too few likely replies to tell distributions apart"
+    assert chi2 < dof + 6 * math.sqrt(2 * dof), (chi2, dof)  # p < 1e-6 for a right sampler
 
 
 def test_a_drafter_with_a_shorter_head_drafts_only_its_first_ids_and_changes_no_token(smol_tok):

@@ -121,11 +121,14 @@ def generate_plain(
     turn = Turn("target", tokenizer, prompt_ids, cfg, stop_ids)
     session = target.session()
     logits = session.forward(prompt_ids, last=1)[-1]
+    history = list(prompt_ids) if cfg.penalized else []  # what the repetition penalty reads
     while not should_stop():
-        tok = pick(logits, cfg, turn.gen)
+        tok = pick(logits, cfg, turn.gen, history)
         yield from turn.push([tok])
         if turn.stream.reason:
             break
+        if cfg.penalized:
+            history.append(tok)
         logits = session.forward([tok])[-1]
         turn.stats.steps += 1
     yield turn.finished()

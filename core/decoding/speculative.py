@@ -30,7 +30,7 @@ from .adaptive_drafting import DRAFTER, DraftPolicy, lookup_source
 from .drafter import Draft, Drafter
 from .plain import Turn
 from .prompt_lookup import lookup
-from .sampling import GenerationConfig, pick
+from .sampling import GenerationConfig, penalize_rows, pick
 from .verification import verify_greedy, verify_sampling
 from .vocab_bridge import VocabBridge, merged_spans, q_prime
 
@@ -98,7 +98,7 @@ class SpeculativeDecoder:
     def prefill(self) -> int:
         """The prompt's forward; it picks the first reply token."""
         logits = self.session.forward(self.context, last=1)[-1]
-        return pick(logits, self.cfg, self.gen)
+        return pick(logits, self.cfg, self.gen, self.context)
 
     def propose(self, k: int) -> Proposals:
         """Up to k target tokens: a prompt lookup when one is found (and adaptive
@@ -149,6 +149,14 @@ class SpeculativeDecoder:
         forgets the rejected ones."""
         t = proposals.tokens
         logits = self.session.forward([self.pending] + t)
+        if self.cfg.penalized:
+            # Row i picks the token after the context and t_1..t_{i-1}: were those
+            # proposals accepted, plain decoding would pick that token with them in
+            # its history, so row i is penalized with them (and only them). The
+            # verified distribution is then plain decoding's at each position, and
+            # q' stays the drafter's own: the output is plain decoding's (greedy) or
+            # has its distribution (sampling).
+            logits = penalize_rows(logits, self.context, t, self.cfg)
         if self.cfg.greedy:
             n, token = verify_greedy(t, logits)
         else:

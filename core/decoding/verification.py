@@ -1,7 +1,11 @@
 """Verifying target-space proposals against one target forward (docs/method.md §1).
 
 logits has one row per proposal plus one: row i is the target's next-token
-distribution after the accepted prefix and proposals[:i].
+distribution after the accepted prefix and proposals[:i], with the repetition
+penalty for that history already applied (sampling.penalize_rows) when it is on.
+Both verifiers judge proposals by the transformed target distribution plain
+decoding would pick from (greedy: its argmax; sampling: probabilities(), i.e.
+temperature, top-k, top-p, min-p), so the controls keep the output exact.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ def verify_sampling(
 ) -> tuple[int, int]:
     """Speculative sampling: accept token i with probability min(1, p(t_i)/q'(t_i));
     on the first rejection draw from norm(max(0, p - q')); if all are accepted,
-    draw a bonus token from p. q_prime_dist(i) builds q' over the target
-    vocabulary for position i (Eq. 2), only needed on a rejection."""
+    draw a bonus token from p. p is the target's transformed distribution;
+    q' is whatever the drafter drew from (its own transforms, or a point mass).
+    q_prime_dist(i) builds q' over the target vocabulary for position i (Eq. 2),
+    only needed on a rejection."""
     p = probabilities(logits, cfg)
     for i, tok in enumerate(proposals):
         ratio = float(p[i, tok]) / max(q_prime[i], 1e-12)
