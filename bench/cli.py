@@ -5,7 +5,9 @@ bench/runners.py, the report and its table in bench/report.py. With --chat each
 prompt is sent as one user message through the target's chat template
 (Engine.chat: the app's own path, as a user meets it); without it the prompt is
 a raw completion. --adapt measures, serves training prompts as the app would
-(recording and learning between them), then measures again.
+(recording and learning between them), then measures again. --stream decodes
+one person's stream of chats prequentially, the learner against a frozen twin
+(bench/stream.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ from omnidraft.bench.runners import (
     draft_variant_arg,
     run_interleaved,
 )
+from omnidraft.bench.stream import (
+    format_stream,
+    measure_stream,
+    read_stream,
+    segment_arg,
+    write_chart,
+)
 from omnidraft.core.engine import Engine, InputError
 from omnidraft.core.models.catalog import SMOLLM2_ID, ModelCatalog, ModelError
 from omnidraft.core.storage import paths
@@ -53,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "transformers generate(), Universal Assisted Generation and llama.cpp's server.",
     )
     p.add_argument("--target", required=True, help="catalog id or model path (GGUF or HF folder)")
-    p.add_argument("--prompts", required=True, type=Path, help='JSONL file, lines {"prompt": ...}')
+    p.add_argument("--prompts", type=Path, help='JSONL file, lines {"prompt": ...} (or --stream)')
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -114,7 +123,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --adapt: the learner runs once N new turns have gathered (default: its batch size, 8; "
         "1: a user who leaves the learner time after every reply)",
     )
+    p.add_argument(
+        "--stream", type=segment_arg, default=None, metavar="FILE",
+        help="decode a stream of chat turns (eval/streams/) prequentially: plain decoding, omnidraft "
+        "learning in the idle time after each reply, and a frozen twin of it, interleaved turn by turn",
+    )
+    p.add_argument("--then", type=segment_arg, action="append", default=[], metavar="FILE[:N]",
+                   help="with --stream: go on with this stream's first N turns (all without :N); repeatable")
+    p.add_argument("--turns", type=int, default=None, metavar="N", help="with --stream: its first N turns")
+    p.add_argument("--idle-s", type=float, default=20.0,
+                   help="with --stream: seconds the learner gets after each reply (default 20)")
+    p.add_argument("--chart", type=Path, default=None, metavar="FILE.png",
+                   help="with --stream: the curves, learner against twin, as a PNG")
     args = p.parse_args(argv)
+    if (args.prompts is None) == (args.stream is None):
+        p.error("give --prompts, or --stream for a stream of chat turns")
+    if args.stream is None and (args.then or args.turns is not None or args.chart):
+        p.error("--then, --turns and --chart go with --stream")
+    if args.stream is not None:
+        if args.adapt:
+            p.error("--adapt and --stream exclude each other: a stream learns as it goes")
+        if args.turns is not None and args.turns < 1:
+            raise BenchError("--turns must be at least 1")
+        if not args.idle_s >= 0:
+            raise BenchError("--idle-s must be 0 or more seconds")
+        if args.turns is not None:
+            args.stream.turns = args.turns
+        args.stream_segment = args.stream
+        for segment in (args.stream, *args.then):  # a bad file is named before any model loads
+            read_stream(segment)
     try:
         args.methods = _method_list(args.methods, bool(args.draft))
     except ValueError as exc:
@@ -202,11 +239,13 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 def bench(args: argparse.Namespace, catalog: ModelCatalog) -> dict:
-    prompts = read_prompts(args.prompts, args.limit)
+    prompts = read_prompts(args.prompts, args.limit) if args.stream is None else []
     engine = Engine(catalog, DTYPES[args.dtype], int8=args.dtype in ("int4", "int8"),
                     int4=args.dtype == "int4", drafter_id=args.drafter)
     print(f"loading {args.target} ...", file=sys.stderr, flush=True)
     engine.load_target(args.target)
+    if args.stream is not None:
+        return measure_stream(args, engine)
     engine.evaluating = True  # evaluation (warm-ups included) never teaches the engine
     methods, drafter = build_methods(args, engine, catalog)
     try:
@@ -263,13 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, ModelError, InputError) as exc:
         print(f"omnidraft-bench: error: {exc}", file=sys.stderr)
         return 2
-    print(format_table(report))
+    if "stream" in report:
+        print(format_stream(report["stream"]))
+    else:
+        print(format_table(report))
     if "adapt" in report:
         print(format_adapt(report["adapt"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}")
+    if args.chart and "stream" in report:
+        write_chart(report["stream"], args.chart)
+        print(f"wrote {args.chart}")
     return 0
 
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from omnidraft.bench import cli, runners
 from omnidraft.bench.report import decoding, drafting_figures, engine_totals, first_difference
 from omnidraft.core.decoding import adaptive_drafting
@@ -612,3 +613,104 @@ def test_llamacpp_builds_skip_what_the_cpu_lacks():
     with pytest.raises(SystemExit) as exc:
         llamacpp.main(["--builds", "native,sse"])
     assert exc.value.code == 2
+
+
+# --stream: a person's stream, prequential, the learner against a frozen twin
+
+STREAM_TURNS = [  # (conversation, prompt): follow-ups continue their conversation
+    ("c1", "def add(a, b):\n    return a + b\n\nWrite a test for `add`."),
+    ("c1", "Use pytest.mark.parametrize."),
+    ("c2", "What does `add` return for strings?"),
+    ("c3", "def add(a, b):\n    return a + b\n\nAdd type hints to this."),
+    ("c3", "Use `int | None`."),
+    ("c4", "Explain `add` step by step."),
+    ("c5", "def add(a, b):\n    return a - b\n\nFind the bug."),
+]
+
+
+def _stream_file(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"id": f"t{i}", "conversation": c, "prompt": p}) + "\n"
+                            for i, (c, p) in enumerate(STREAM_TURNS)))
+    return path
+
+
+@pytest.mark.timeout(900)  # the learner trains after every turn
+def test_a_stream_is_scored_turn_by_turn_against_a_frozen_twin_and_charted(tiny_target, tmp_path):
+    """--stream then --then: per-turn figures and curves for learner and twin,
+    the headline figures, the replies plain decoding's own, the learner's delay
+    of the next reply, a second segment's adaptation and a stream met again.
+    (A budget the learner never runs out of: it trains every turn, however busy the machine.)"""
+    stream = _stream_file(tmp_path / "code-demo.jsonl")
+    out, chart = tmp_path / "stream.json", tmp_path / "stream.png"
+    rc = cli.main(["--target", str(tiny_target), "--stream", str(stream), "--turns", "4", "--then", f"{stream}:2",
+                   "--idle-s", "60", "--dtype", "fp32", "--max-new-tokens", "6", "--json", str(out),
+                   "--chart", str(chart)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    s = report["stream"]
+    assert report["mode"] == "stream" and s["turns"] == 6 and s["idle_s"] == 60
+    for key in ("speedup_ratio_last_third", "own_acceptance_first_third", "own_acceptance_last_third",
+                "twin_own_acceptance_delta", "speedup_ratio_first_third", "gain_over_twin_last_third"):
+        assert key in s, key
+    assert s["speedup_ratio_last_third"] > 0
+    assert s["learner"]["last_third"]["speedup"] / s["twin"]["last_third"]["speedup"] == pytest.approx(
+        s["speedup_ratio_last_third"])
+    assert s["greedy_identical"] == {"learner": 6, "twin": 6, "turns": 6}
+    assert all(len(curve) == 6 for curve in s["curves"].values())
+    assert s["learner_steps"] >= 6 and s["learn_delay_ms_max"] >= 0
+    turns = report["turns"]
+    assert [t["id"] for t in turns] == [f"t{i}" for i in range(4)] + ["t0", "t1"]
+    assert [t["messages"] for t in turns[:3]] == [1, 3, 1]  # a follow-up carries its conversation
+    for t in turns:
+        assert t["learner"]["identical"] and t["twin"]["identical"]
+        assert t["learner"]["forwards"] >= 1 and t["plain"]["seconds"] > 0
+        assert t["learn"]["steps"] >= 1 and t["learn"]["delay_ms"] >= 0
+    first, again = s["segments"]
+    assert first["turns"] == 4 and again["turns"] == 2 and again["first_turn"] == 4
+    assert s["own_acceptance_last_third"] == first["own_acceptance_last_third"]  # headline: the first segment
+    assert "adaptation" in again and again["returning"]["earlier_segment"] == 0
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(900)
+def test_the_twin_stays_frozen_while_the_learner_learns_and_both_reply_as_plain_decoding(target_dir):
+    from omnidraft.bench import stream
+
+    from tests.tiny import learning_engine
+
+    engine = learning_engine(target_dir)
+    run = stream.StreamRun(engine, max_new_tokens=6, idle_s=60.0)
+    context = list(range(5, 25))
+    twin_before, learner_before = run.twin.drafter.score(context), engine.drafter.score(context)
+    twin_head = {k: v.clone() for k, v in run.twin.drafter.head.state_dict().items()}
+    rows = [{"id": f"t{i}", "conversation": c, "prompt": p} for i, (c, p) in enumerate(STREAM_TURNS[:6])]
+    run.run(0, rows)
+
+    assert torch.equal(run.twin.drafter.score(context), twin_before)  # no adapter update reached it
+    assert run.twin.drafter.adapter_rank is None
+    assert all(torch.equal(v, twin_head[k]) for k, v in run.twin.drafter.head.state_dict().items())
+    assert engine.drafter.adapter_rank is not None  # the learner drafts with what it learned
+    assert not torch.allclose(engine.drafter.score(context), learner_before)
+    assert engine.buffer.total_added == 6  # the learner's turns only: the twin records nothing
+    assert all(r["learner"]["identical"] and r["twin"]["identical"] for r in run.records)
+    assert sum(r["learn"]["steps"] for r in run.records) >= 3
+
+
+def test_stream_options_are_checked_before_anything_loads(tmp_path, capsys):
+    stream = _stream_file(tmp_path / "s.jsonl")
+    assert cli.main(["--target", "x"]) == 2
+    assert "give --prompts, or --stream" in capsys.readouterr().err
+    assert cli.main(["--target", "x", "--prompts", str(stream), "--turns", "3"]) == 2
+    assert "go with --stream" in capsys.readouterr().err
+    assert cli.main(["--target", "x", "--stream", str(stream), "--idle-s", "-1"]) == 2
+    assert "--idle-s must be 0 or more" in capsys.readouterr().err
+    assert cli.main(["--target", "x", "--stream", str(stream), "--then", f"{stream}:0"]) == 2
+    assert cli.main(["--target", "x", "--stream", str(stream), "--then", str(tmp_path / "none.jsonl")]) == 2
+    assert "none.jsonl does not exist" in capsys.readouterr().err  # before any model loads
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": ""}\n')
+    from omnidraft.bench import stream as stream_mod
+
+    with pytest.raises(runners.BenchError, match="empty .prompt"):
+        stream_mod.read_stream(stream_mod.segment_arg(str(bad)))
+    assert [r["id"] for r in stream_mod.read_stream(stream_mod.segment_arg(f"{stream}:2"))] == ["t0", "t1"]
