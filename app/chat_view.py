@@ -132,6 +132,8 @@ class ChatView(QWidget):
         self.highlight = False
         self.busy = False
         self._stick_to_bottom = True
+        self._pinned: MessageWidget | None = None  # a message opened from search, kept in view
+        self._pinning = False
         self.shown_limit = SHOWN_MESSAGES  # how many of the latest messages have widgets
         self._loaded: tuple[list[dict], str] | None = None  # what load() showed last
         self._hidden = 0  # how many of its earliest messages have no widget
@@ -367,7 +369,9 @@ class ChatView(QWidget):
 
     def scroll_to_message(self, index: int) -> None:
         """Scroll so message `index` (of the conversation's messages) is at the top, and
-        mark it a moment; once laid out, as a chat just opened has no heights yet."""
+        mark it a moment. A chat just opened is still being laid out (code blocks
+        colour and resize for a while), so the message stays pinned there while the
+        column's height changes, for PIN_MS or until the person scrolls."""
         widget = next((w for w in self.messages if w.index == index), None)
         while widget is None and self._loaded is not None and self._hidden > 0:
             self.show_earlier()  # among the earlier messages that have no widget yet
@@ -375,22 +379,35 @@ class ChatView(QWidget):
         if widget is None:
             return
         self._stick_to_bottom = False
-
-        def scroll() -> None:
-            if widget in self.messages:
-                top = widget.mapTo(self.scroll.widget(), QPoint(0, 0)).y()
-                self.scroll.verticalScrollBar().setValue(max(0, top - 12))
-
-        scroll()
-        QTimer.singleShot(0, self, scroll)
-        QTimer.singleShot(50, self, scroll)
+        self._pinned = widget
+        self._scroll_to_pinned()
+        QTimer.singleShot(0, self, self._scroll_to_pinned)
+        QTimer.singleShot(self.PIN_MS, self, lambda: self._unpin(widget))
         widget.set_found(True)
         QTimer.singleShot(self.FOUND_MS, widget, lambda: widget.set_found(False))
+
+    PIN_MS = 2000
+
+    def _scroll_to_pinned(self) -> None:
+        widget = self._pinned
+        if widget is not None and widget in self.messages:
+            top = widget.mapTo(self.scroll.widget(), QPoint(0, 0)).y()
+            self._pinning = True  # our own move, not the person's
+            self.scroll.verticalScrollBar().setValue(max(0, top - 12))
+            self._pinning = False
+
+    def _unpin(self, widget) -> None:
+        if self._pinned is widget:
+            self._pinned = None
 
     def _user_scrolled(self, value: int) -> None:
         bar = self.scroll.verticalScrollBar()
         self._stick_to_bottom = value >= bar.maximum() - 8
+        if not self._pinning and bar.isSliderDown():
+            self._pinned = None  # the person took over
 
     def _follow_bottom(self, _minimum: int, maximum: int) -> None:
-        if self._stick_to_bottom:
+        if self._pinned is not None:
+            self._scroll_to_pinned()
+        elif self._stick_to_bottom:
             self.scroll.verticalScrollBar().setValue(maximum)
