@@ -1,5 +1,5 @@
 """Shared fixtures and the test tiers' markers. Every test session (each
-pytest-xdist worker too) gets its own OMNIDRAFT_HOME; converted model weights and
+pytest-xdist worker too) gets its own OMNIDRAFT_HOME; assembled model files and
 the real tokenizers are kept between runs in .test-cache/ (re-creatable,
 git-ignored) so repeated runs stay fast."""
 
@@ -24,13 +24,11 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Never touch a developer's real keyring from tests.
 os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.fail.Keyring"
 os.environ["OMNIDRAFT_HOME"] = tempfile.mkdtemp(prefix="omnidraft-test-home-")
-# Converted models are pure caches: share them across test runs.
-(TEST_CACHE / "models").mkdir(parents=True, exist_ok=True)
+# Assembled model files are pure caches: share them across test runs.
 (TEST_CACHE / "gguf").mkdir(parents=True, exist_ok=True)
 _cache = Path(os.environ["OMNIDRAFT_HOME"]) / "cache"
 _cache.mkdir(parents=True, exist_ok=True)
-for _name in ("models", "gguf"):
-    (_cache / _name).symlink_to(TEST_CACHE / _name)
+(_cache / "gguf").symlink_to(TEST_CACHE / "gguf")
 
 
 # ------------------------------------------------------------------ test tiers
@@ -56,15 +54,22 @@ STARTS_PROCESSES = {
         "test_a_second_engine_on_the_same_folder_is_refused",
         "test_an_engine_whose_gui_was_killed_mid_reply_stops_and_frees_the_folder",
     },
+    "test_faults_files.py": {"test_what_the_engine_creates_in_the_cache_is_private"},
+    "test_faults_lifetime.py": {"test_a_gui_killed_during_a_model_load_takes_its_engine_along"},
     "test_gui.py": {"window"},
+    "test_no_compiler.py": {"*"},
+    "test_packaging.py": {"test_a_frozen_style_worker_starts_through_the_entry_point",
+                          "test_the_desktop_entry_installer_points_the_menu_at_the_bundle"},
     "test_platform_libs.py": {"test_the_app_opens_its_window_on_x11"},
+    "test_server.py": {"served"},
     "test_worker.py": {"worker", "test_killed_worker_can_be_restarted"},
 }
 LOADS_MODELS = {
     "test_answer_quality.py": {"*"},
     "test_bench.py": {"test_omnidraft_on_gemma_is_lossless_when_greedy"},
     "test_bundled_models.py": {"*"},
-    "test_faults.py": {"test_a_damaged_converted_model_copy_is_rebuilt_and_replies"},
+    "test_faults_files.py": {"test_a_gguf_file_cut_to_half_is_refused_at_add"},
+    "test_gguf_loading.py": {"*"},
     "test_gui_bundled.py": {"*"},
     "test_model_info.py": {"test_a_bundled_q4_k_m_file_shows_its_real_mix"},
 }
@@ -207,19 +212,13 @@ def _refuse_process(what) -> None:
 
 def _tokenizer(entry_id: str):
     """The bundled model's real tokenizer: the fast tiers' test data, not a model.
-    From the converted copy where the smoke tests made one; else read once from the
-    GGUF file's header (no weights) into .test-cache/tokenizers. Written under
-    another name and renamed, so parallel test workers never read half a folder."""
-    from omnidraft.core.models.catalog import BUNDLED
-    from omnidraft.core.models.loader import converted_dir, is_complete
+    Read once from the GGUF file's header (no weights) into .test-cache/tokenizers.
+    Written under another name and renamed, so parallel test workers never read
+    half a folder."""
     from transformers import AutoTokenizer
 
-    entry = BUNDLED[entry_id]
     gguf = _BUNDLED_FILES[entry_id]()  # the unguarded getter (see pytest_configure)
-    converted = converted_dir(entry, gguf)
-    if is_complete(converted):
-        return AutoTokenizer.from_pretrained(converted)
-    folder = TEST_CACHE / "tokenizers" / converted.name
+    folder = TEST_CACHE / "tokenizers" / f"{entry_id}-{gguf.stat().st_size}"
     if (folder / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -14,7 +14,8 @@ import pytest
 from omnidraft.tools import common
 
 TOOLS = ("step_times", "kernel_ab", "attention_ab", "conversation_speed", "reply_agreement",
-         "learning_sweep", "speed_floor", "memory_soak", "gui_check")
+         "learning_sweep", "speed_floor", "memory_soak", "gui_check", "bundle_check",
+         "make_streams", "load_footprint", "search_index_size", "code_block_stall", "serve_speed")
 TOOLS_DIR = Path(common.__file__).parent
 REPO = Path(__file__).resolve().parents[1]
 
@@ -246,6 +247,22 @@ def test_memory_soak_refuses(argv, message, capsys):
     assert message in refused("memory_soak", argv, capsys)
 
 
+# load_footprint
+
+def test_load_footprint_defaults():
+    args = tool("load_footprint").parse_args([])
+    assert (args.target, args.drafter, args.max_new_tokens, args.threads, args.json, args.child) == (
+        "qwen2.5-coder-1.5b-instruct", "smollm2-135m-instruct", 16, None, None, False)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens: needs a whole number of 1 or more"),
+    (["--threads", "two"], "--threads: needs a whole number of 1 or more, not 'two'"),
+])
+def test_load_footprint_refuses(argv, message, capsys):
+    assert message in refused("load_footprint", argv, capsys)
+
+
 # gui_check
 
 def test_gui_check_defaults():
@@ -257,6 +274,9 @@ def test_gui_check_defaults():
         None, None, 0.0, False, False)
     args = module.parse_args(["--prompt", "one", "--prompt", "two", "--size", "800x600"])
     assert (args.prompt, args.size) == (["one", "two"], (800, 600))
+    assert (args.attach, args.search) == ([], "reverse")
+    args = module.parse_args(["--attach", __file__, "--search", "zebra"])
+    assert (args.attach, args.search) == ([Path(__file__)], "zebra")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -264,9 +284,52 @@ def test_gui_check_defaults():
     (["--size", "1280x0"], "--size: needs WIDTHxHEIGHT in pixels"),
     (["--timeout", "nan"], "--timeout: needs a number of 0 or more"),
     (["--cache", "/no/such/cache"], "--cache: no such folder: /no/such/cache"),
+    (["--attach", "/no/such/file.py"], "--attach: no such file: /no/such/file.py"),
 ])
 def test_gui_check_refuses(argv, message, capsys):
     assert message in refused("gui_check", argv, capsys)
+
+
+# search_index_size
+
+def test_search_index_size_defaults_and_its_synthetic_chats():
+    module = tool("search_index_size")
+    args = module.parse_args([])
+    assert (args.chats, args.messages, args.user_chars, args.reply_chars, args.seed) == (1000, 20, 300, 1500, 0)
+    chats = module.make_chats(module.parse_args(["--chats", "3", "--messages", "4"]))
+    assert [len(c.messages) for c in chats] == [4, 4, 4]
+    assert [m["role"] for m in chats[0].messages] == ["user", "assistant"] * 2
+    assert "```python" in chats[0].messages[1]["content"]
+    assert module.make_chats(args)[5].messages == module.make_chats(args)[5].messages  # seeded
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chats", "0"], "--chats: needs a whole number of 1 or more"),
+    (["--messages", "x"], "--messages: needs a whole number of 1 or more"),
+    (["--reply-chars", "-5"], "--reply-chars: needs a whole number of 1 or more"),
+])
+def test_search_index_size_refuses(argv, message, capsys):
+    assert message in refused("search_index_size", argv, capsys)
+
+
+# code_block_stall
+
+def test_code_block_stall_defaults_and_its_source():
+    module = tool("code_block_stall")
+    args = module.parse_args([])
+    assert (args.lines, args.lang, args.stream_seconds, args.theme) == (2000, "python", 20.0, "light")
+    assert module.parse_args(["--lang", ""]).lang == ""
+    code = module.python_source(120)
+    assert code.count("\n") == 119 and "def " in code
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lines", "0"], "--lines: needs a whole number of 1 or more"),
+    (["--stream-seconds", "0"], "--stream-seconds: needs a number above 0"),
+    (["--theme", "blue"], "--theme: invalid choice"),
+])
+def test_code_block_stall_refuses(argv, message, capsys):
+    assert message in refused("code_block_stall", argv, capsys)
 
 
 # the shared module
@@ -305,3 +368,84 @@ def test_use_build_switches_the_working_trees_kernels_until_given_back():
     assert build.library() is sentinel
     common.use_build(None)
     assert build.library() is default
+
+
+# make_streams
+
+def _conversations_hold_together(rows: list[dict]) -> None:
+    """A conversation's turns are adjacent, and a follow-up follows its conversation's earlier turn."""
+    seen = set()
+    for before, row in zip([None, *rows], rows):
+        continues = before is not None and before["conversation"] == row["conversation"]
+        assert continues or row["conversation"] not in seen, row["id"]
+        assert row["kind"].endswith("-followup") == continues, row["id"]
+        seen.add(row["conversation"])
+
+
+def test_make_streams_is_deterministic_from_its_seed():
+    make = tool("make_streams")
+    assert make.build(make.SEED, 40) == make.build(make.SEED, 40)
+    assert make.build(make.SEED, 40) != make.build(make.SEED + 1, 40)
+
+
+def test_the_streams_are_two_realistic_single_user_streams_of_200_turns():
+    make = tool("make_streams")
+    streams = make.build()
+    assert set(streams) == {"code-packaging.jsonl", "docs-click.jsonl"}
+    for rows in streams.values():
+        assert len(rows) == 200
+        assert all(set(r) == {"id", "conversation", "kind", "source", "prompt"} for r in rows)
+        assert len({r["id"] for r in rows}) == 200
+        _conversations_hold_together(rows)
+        assert 60 <= len({r["conversation"] for r in rows}) < 200  # some conversations go on
+        assert len({r["prompt"] for r in rows}) > 100  # varied, not one template
+        assert sum(len(json.dumps(r)) for r in rows) < 1_000_000
+    code = streams["code-packaging.jsonl"]
+    firsts = [r for r in code if not r["kind"].endswith("-followup")]
+    assert all("```python\ndef " in r["prompt"] or "```python\n@" in r["prompt"] for r in firsts)  # pasted code
+    assert max(len(r["prompt"]) for r in code) <= make.MAX_SOURCE_CHARS + 300
+    assert {r["kind"] for r in firsts} >= {"explain", "test", "refactor", "add_param", "bug"}
+    assert all(r["source"].startswith("packaging ") for r in code)
+    # The same functions come back, as when someone works on one codebase.
+    sources = [r["source"] for r in firsts]
+    assert len(set(sources)) < len(sources) * 0.8
+    assert all(r["source"].startswith("click ") for r in streams["docs-click.jsonl"])
+
+
+def test_the_kept_streams_are_what_the_generator_makes(tmp_path):
+    """eval/streams/ holds the generator's output for the seed kept, from the
+    library versions its rows name."""
+    make = tool("make_streams")
+    kept = {path.name: [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+            for path in sorted((REPO / "eval" / "streams").glob("*.jsonl"))}
+    from importlib.metadata import version
+
+    named = {row["source"].split(":")[0] for rows in kept.values() for row in rows}
+    installed = {f"packaging {version('packaging')}", f"click {version('click')}"}
+    if named != installed:
+        pytest.skip(f"the kept streams come from {sorted(named)}; installed: {sorted(installed)}")
+    assert kept == make.build()
+    assert make.main(["--out", str(tmp_path), "--turns", "12"]) == 0
+    for name in kept:
+        assert len((tmp_path / name).read_text(encoding="utf-8").splitlines()) == 12
+
+
+# serve_speed
+
+def test_serve_speed_defaults_compare_one_and_four_clients_on_the_dev_prompts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = tool("serve_speed").parse_args([])
+    assert args.prompts == REPO / "eval" / "dev.jsonl"
+    assert (args.target, args.limit, args.max_new_tokens, args.clients, args.llamacpp, args.json) == (
+        "qwen2.5-coder-1.5b-instruct", 16, 128, (1, 4), False, None)
+    assert tool("serve_speed").parse_args(["--clients", "1,2,8"]).clients == (1, 2, 8)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clients", "0"], "--clients: needs whole numbers of 1 or more"),
+    (["--limit", "none"], "--limit: needs a whole number"),
+    (["--json", "no-such-folder/out.json"], "--json: no folder 'no-such-folder'"),
+    (["--prompts", "no-such-prompts.jsonl"], "--prompts: no such file: no-such-prompts.jsonl"),
+])
+def test_serve_speed_refuses(argv, message, capsys):
+    assert message in refused("serve_speed", argv, capsys)

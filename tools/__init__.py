@@ -9,11 +9,14 @@ machine.
   attention_ab        a revision's kernels against the working tree's on a whole forward
                       at growing context lengths, and whether the logits stay bit for bit
   conversation_speed  a long conversation's speed turn by turn: plain, omnidraft, llama.cpp
+  serve_speed         the local server's tokens/s against in-process and llama-server, 1 and 4 clients
   reply_agreement     how alike two bench reports' replies are, method by method
   learning_sweep      the learner's settings offline: how fast the drafter learns a target
   speed_floor         memory bandwidth, the decoding floor it sets, CPU matmul kernels' costs
   memory_soak         the engine worker's memory over a long session with learning on
   gui_check           the real desktop app driven once: event-loop stalls, screenshots
+  make_streams        builds eval/streams/: one person's chat streams for
+                      `omnidraft-bench --stream` (nothing timed, no model loaded)
 
 What they share (parsers, argument types, default prompt files, kernel builds)
 is in tools/common.py.
