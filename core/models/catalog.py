@@ -25,6 +25,7 @@ from .bundled_models import (
     no_progress,
     smollm2_gguf,
 )
+from .context import config_kv_shape
 from .gguf_header import kv_shape, read_header
 
 SMOLLM2_ID = "smollm2-135m-instruct"
@@ -264,12 +265,9 @@ def inspect_hf_folder(path: Path) -> dict:
         raise ModelError(f"{path.name} has no tokenizer files, so it cannot be used for chat.")
     size = sum(w.stat().st_size for w in weights)
     dtype_bytes = 4 if "float32" in str(getattr(config, "torch_dtype", "")) else 2
-    heads = getattr(config, "num_attention_heads", 0) or 0
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
-    kv_per_token = 2 * getattr(config, "num_hidden_layers", 0) * kv_heads * head_dim * KV_ELEMENT_BYTES
+    shape = config_kv_shape(config)
     return {"arch": config.model_type, "name": path.name, "params": size // dtype_bytes, "size": size,
-            "kv_per_token": kv_per_token, "window": getattr(config, "max_position_embeddings", 0) or 0}
+            "kv_per_token": shape.bytes_per_token(KV_ELEMENT_BYTES), "window": shape.window}
 
 
 def resolved(path: str | Path) -> Path:

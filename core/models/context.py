@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .chat_format import encode_chat
+from .gguf_header import KVShape
 
 MAX_MESSAGE_CHARS = 200_000
 # At most this share of the memory free when a target loads goes to its KV cache
@@ -37,14 +38,19 @@ def own_window(config) -> int:
     return int(getattr(config, "max_position_embeddings", 2048) or 2048)
 
 
-def kv_bytes_per_token(config) -> int:
-    """What one token of context takes in the target's KV cache: a key and a value
-    per layer and key/value head."""
+def config_kv_shape(config) -> KVShape:
+    """A transformers config's KV cache shape (per token: a key and a value per
+    layer and key/value head); window: its max_position_embeddings, 0 if unset."""
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-    heads = int(getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", 0) or 0)
-    head_dim = getattr(config, "head_dim", None) or (
-        int(getattr(config, "hidden_size", 0) or 0) // max(1, int(getattr(config, "num_attention_heads", 1) or 1)))
-    return 2 * layers * heads * int(head_dim) * KV_VALUE_BYTES
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or int(getattr(config, "hidden_size", 0) or 0) // max(1, heads))
+    return KVShape(layers, kv_heads, head_dim, int(getattr(config, "max_position_embeddings", 0) or 0))
+
+
+def kv_bytes_per_token(config) -> int:
+    """What one token of context takes in the target's KV cache."""
+    return config_kv_shape(config).bytes_per_token(KV_VALUE_BYTES)
 
 
 def memory_window(config, available: int) -> int:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from ..stopping import ShouldStop, never
 from ..storage import paths
 from .catalog import KV_ELEMENT_BYTES, chosen_context, memory_needed
+from .gguf_header import KVShape
 
 # (bytes of the file on disk so far, its full size). Called for every piece received.
 Progress = Callable[[int, int], None]
@@ -82,7 +83,7 @@ class Offer:
 
 
 def _kv(layers: int, kv_heads: int, head_dim: int) -> int:
-    return 2 * layers * kv_heads * head_dim * KV_ELEMENT_BYTES
+    return KVShape(layers, kv_heads, head_dim, 0).bytes_per_token(KV_ELEMENT_BYTES)
 
 
 # Q4_K_M files of instruct models whose architectures transformers loads from GGUF.
