@@ -3,7 +3,34 @@ name there: multiprocessing's "spawn" pickles a process's target by reference)."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kill_gui_of_busy_worker(script: str, home: Path, tmp_path: Path, smol_tok):
+    """Run `script` as a stand-in GUI (argv: home, a tiny model's folder) that prints
+    its engine worker's pid once the worker is busy; kill it there and return the
+    worker (a psutil.Process)."""
+    import psutil
+
+    from tests.tiny import tiny_llama
+
+    model = tmp_path / "tiny-smol"
+    tiny_llama(len(smol_tok)).save_pretrained(model)
+    smol_tok.save_pretrained(model)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    gui = subprocess.Popen([sys.executable, "-c", script, str(home), str(model)], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        return psutil.Process(int(gui.stdout.readline()))
+    finally:
+        gui.kill()
+        gui.wait(30)
 
 
 def slow_load_worker_main(*args, **kwargs) -> None:

@@ -463,22 +463,11 @@ time.sleep(600)
 def test_an_engine_whose_gui_was_killed_mid_reply_stops_and_frees_the_folder(home, tmp_path, smol_tok):
     """Before: the worker outlived its GUI and wrote its reply to max tokens, so a
     quick restart ran two engines on the same files."""
-    import psutil
     from omnidraft.core.storage.folder_lock import ENGINE_LOCK_NAME, FolderLock
 
-    from tests.tiny import tiny_llama
+    from tests.fault_helpers import kill_gui_of_busy_worker
 
-    model = tmp_path / "tiny-smol"
-    tiny_llama(len(smol_tok)).save_pretrained(model)
-    smol_tok.save_pretrained(model)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    gui = subprocess.Popen([sys.executable, "-c", GUI, str(home), str(model)], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, text=True)
-    try:
-        worker = psutil.Process(int(gui.stdout.readline()))  # it is writing the reply now
-    finally:
-        gui.kill()
-        gui.wait(30)
+    worker = kill_gui_of_busy_worker(GUI, home, tmp_path, smol_tok)  # killed while writing the reply
     worker.wait(30)  # psutil.TimeoutExpired when the orphan goes on writing
     with FolderLock(ENGINE_LOCK_NAME) as lock:
         assert lock.held

@@ -10,14 +10,13 @@ switches never pile up.
 
 from __future__ import annotations
 
-import os
 import queue
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.fault_helpers import kill_gui_of_busy_worker
 
 pytestmark = pytest.mark.fault
 
@@ -53,24 +52,11 @@ def _wait(handle, match, timeout: float):
 def test_a_gui_killed_during_a_model_load_takes_its_engine_along(home, tmp_path, smol_tok):
     """Before: the worker, re-parented to PID 1, went on loading for minutes and
     held engine.lock, so the next app's engine did not start."""
-    import psutil
     from omnidraft.core.storage.folder_lock import ENGINE_LOCK_NAME, FolderLock
     from omnidraft.core.worker.process import WorkerHandle
     from omnidraft.core.worker.protocol import ErrorEvent, WorkerReady
 
-    from tests.tiny import tiny_llama
-
-    model = tmp_path / "tiny-smol"
-    tiny_llama(len(smol_tok)).save_pretrained(model)
-    smol_tok.save_pretrained(model)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    gui = subprocess.Popen([sys.executable, "-c", GUI_LOADING, str(home), str(model)], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, text=True)
-    try:
-        worker = psutil.Process(int(gui.stdout.readline()))  # it is loading the model now
-    finally:
-        gui.kill()
-        gui.wait(30)
+    worker = kill_gui_of_busy_worker(GUI_LOADING, home, tmp_path, smol_tok)  # killed while loading
     killed = time.monotonic()
     worker.wait(10)  # psutil.TimeoutExpired when the orphan goes on loading
     assert time.monotonic() - killed < 10
