@@ -18,11 +18,10 @@ def kill_gui_of_busy_worker(script: str, home: Path, tmp_path: Path, smol_tok):
     worker (a psutil.Process)."""
     import psutil
 
-    from tests.tiny import tiny_llama
+    from tests.tiny import tiny_smol_target
 
     model = tmp_path / "tiny-smol"
-    tiny_llama(len(smol_tok)).save_pretrained(model)
-    smol_tok.save_pretrained(model)
+    tiny_smol_target(model, smol_tok)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     gui = subprocess.Popen([sys.executable, "-c", script, str(home), str(model)], cwd=ROOT, env=env,
                            stdout=subprocess.PIPE, text=True)

@@ -13,7 +13,7 @@ from omnidraft.core.engine import Engine, LearnSettings
 from omnidraft.core.events import TurnFinished, TurnStats
 from omnidraft.core.stopping import ShouldStop, never
 
-from tests.tiny import tiny_llama
+from tests.tiny import tiny_llama, tiny_smol_target
 
 DEV_PROMPTS = Path(__file__).resolve().parents[1] / "eval" / "dev.jsonl"
 PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is"]
@@ -22,8 +22,7 @@ PROMPTS = ["def fibonacci(n):\n    ", "The capital of France is"]
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory, smol_tok):
     folder = tmp_path_factory.mktemp("tiny-target")
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     return folder
 
 

@@ -43,11 +43,10 @@ def test_bad_paths_are_rejected_with_a_clear_message(home, tmp_path, make, messa
 
 
 def test_user_entries_persist_and_can_be_removed(home, tmp_path, smol_tok):
-    from tests.tiny import tiny_llama
+    from tests.tiny import tiny_smol_target
 
     folder = tmp_path / "my-model"
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     entry = ModelCatalog().add(folder)
     assert ModelCatalog().get(entry.id).path == str(folder.resolve())
     assert ModelCatalog().add(folder).id == entry.id  # adding twice keeps one entry

@@ -48,11 +48,10 @@ def test_a_gguf_file_cut_to_half_is_refused_at_add(home, tmp_path):
 
 
 def _folder(tmp_path: Path, smol_tok, weights: str, tokenizer: str) -> Path:
-    from tests.tiny import tiny_llama
+    from tests.tiny import tiny_smol_target
 
     folder = tmp_path / f"model-{weights}-{tokenizer}"
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     st = folder / "model.safetensors"
     if weights == "random":
         st.write_bytes(os.urandom(st.stat().st_size))

@@ -27,7 +27,7 @@ RAW = ValueError("cannot reshape array of size 4662496 into shape (1536,7350)")
 def _catalog_refusals(tmp_path: Path, smol_tok) -> list[str]:
     from omnidraft.core.models.catalog import ModelCatalog, ModelError
 
-    from tests.tiny import tiny_llama, write_tiny_gguf
+    from tests.tiny import tiny_smol_target, write_tiny_gguf
 
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
@@ -46,12 +46,10 @@ def _catalog_refusals(tmp_path: Path, smol_tok) -> list[str]:
     bad_config.mkdir()
     (bad_config / "config.json").write_text("{ not json")
     folder = tmp_path / "junk"
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     (folder / "tokenizer.json").write_bytes(os.urandom(512))
     random_weights = tmp_path / "random"
-    tiny_llama(len(smol_tok)).save_pretrained(random_weights)
-    smol_tok.save_pretrained(random_weights)
+    tiny_smol_target(random_weights, smol_tok)
     (random_weights / "model.safetensors").write_bytes(os.urandom(4096))
 
     texts = []

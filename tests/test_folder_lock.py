@@ -122,9 +122,8 @@ def test_a_running_reply_stops_when_the_gui_is_gone(home, tiny_engine_model):
 
 @pytest.fixture
 def tiny_engine_model(tmp_path, smol_tok):
-    from tests.tiny import tiny_llama
+    from tests.tiny import tiny_smol_target
 
     folder = tmp_path / "tiny-smol"
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     return folder

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omnidraft.core.kernels import build
 
-from tests.tiny import tiny_llama, tiny_qwen2
+from tests.tiny import tiny_qwen2, tiny_smol_target
 
 # Each test starts a fresh Python that imports torch and transformers and builds an
 # engine: well within the default on an idle machine, minutes on a busy 2-core one.
@@ -85,8 +85,7 @@ def test_the_engine_runs_its_4_bit_layers_on_the_prebuilt_kernels_with_no_compil
 
 def test_omnidraft_bench_runs_on_the_prebuilt_kernels_with_no_compiler(tmp_path, smol_tok):
     target = tmp_path / "target"
-    tiny_llama(len(smol_tok)).save_pretrained(target)
-    smol_tok.save_pretrained(target)
+    tiny_smol_target(target, smol_tok)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "prompt": "def fibonacci(n):\n    "}) + "\n")
     report = tmp_path / "bench.json"

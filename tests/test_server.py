@@ -26,7 +26,7 @@ from omnidraft.core.worker.process import WorkerLoop
 from omnidraft.core.worker.protocol import ChatRequest, TokenBatch, TurnDone
 from omnidraft.server.runner import AppServer, ServerError, bind_refusal, serve
 
-from tests.tiny import learning_engine, tiny_engine, tiny_llama
+from tests.tiny import learning_engine, tiny_engine, tiny_llama, tiny_smol_target
 
 TIMEOUT = 120.0  # two cores shared with other jobs
 KEY = "s3cret-key"
@@ -60,8 +60,7 @@ def sse_events(response: httpx.Response) -> list:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, smol_tok) -> Path:
     folder = tmp_path_factory.mktemp("models") / "tiny-smol"
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     return folder
 
 

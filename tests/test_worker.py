@@ -41,7 +41,7 @@ from omnidraft.core.worker.protocol import (
     WorkerReady,
 )
 
-from tests.tiny import tiny_llama
+from tests.tiny import tiny_smol_target
 
 TIMEOUT = 60.0  # generous: two cores shared with other jobs
 
@@ -95,8 +95,7 @@ def streamed_text(events: list, request_id: int) -> str:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, smol_tok) -> Path:
     folder = tmp_path_factory.mktemp("models") / "tiny-smol"
-    tiny_llama(len(smol_tok)).save_pretrained(folder)
-    smol_tok.save_pretrained(folder)
+    tiny_smol_target(folder, smol_tok)
     return folder
 
 

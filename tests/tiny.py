@@ -157,6 +157,13 @@ def run_plain(model, tokenizer, prompt: str, cfg):
     return list(generate_plain(TargetRunner(model), tokenizer, ids, cfg, set()))[-1]
 
 
+def tiny_smol_target(folder: Path, smol_tok) -> Path:
+    """A tiny random Llama target with SmolLM2's real tokenizer, saved in folder."""
+    tiny_llama(len(smol_tok)).save_pretrained(folder)
+    smol_tok.save_pretrained(folder)
+    return folder
+
+
 def tiny_gemma_target(folder: Path, gemma_tok) -> Path:
     """A tiny random Gemma-3 target with the real Gemma tokenizer, saved in folder."""
     tiny_gemma3(len(gemma_tok), seed=1).save_pretrained(folder)
