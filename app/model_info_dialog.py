@@ -36,7 +36,7 @@ def rows(info: ModelInfo) -> list[tuple[str, str]]:
         ("Architecture", info.architecture),
         ("Parameters", f"{count(info.parameters)} ({info.parameters:,})"),
         ("Stored as", info.quantization),
-        ("Runs here as", info.runs_as + (" (de-quantized when loaded)" if "GGUF" in info.quantization else "")),
+        ("Runs here as", info.runs_as),
         ("Context length", f"{context}; a chat gets the latest {info.context_used:,}"),
         ("Tokenizer", f"{info.tokenizer_size:,} tokens"),
     ]

@@ -1,6 +1,7 @@
 """The layers stay apart, read from the source (nothing is imported): the engine in
-core/ runs without Qt (the worker process, the bench, the tools), and the app in
-app/ reaches torch, transformers and peft only through core/."""
+core/ runs without Qt (the worker process, the bench, the tools), the app in app/
+reaches torch, transformers and peft only through core/, and the local server in
+server/ uses neither Qt nor the model libraries (it talks to the engine worker)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "core": {"PySide6", "qasync", "pyqtgraph", "omnidraft.app"},
     "app": {"torch", "transformers", "peft"},
+    "server": {"PySide6", "qasync", "pyqtgraph", "omnidraft.app", "torch", "transformers", "peft"},
 }
 
 
@@ -58,3 +60,16 @@ def test_the_check_sees_lazy_relative_and_dotted_imports(tmp_path):
     assert modules == ["PySide6.QtCore", "omnidraft.app", "pyqtgraph", "torch"]
     assert [m for m in modules if _breaks(m, FORBIDDEN["core"])] == modules[:3]
     assert _breaks("torch.nn", FORBIDDEN["app"]) and not _breaks("torchvision", FORBIDDEN["app"])
+
+
+def test_the_window_and_the_server_start_without_torch():
+    """The GUI process and `omnidraft serve` talk to the engine worker only: importing
+    them loads no torch (seconds and hundreds of MB in a process that never runs a model)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import omnidraft.app.main_window, omnidraft.server.api, omnidraft.server.runner; "
+            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

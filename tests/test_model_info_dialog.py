@@ -20,7 +20,7 @@ from tests.gui_helpers import IdleWorker, ScriptedWorker, dispose
 
 QWEN = ModelInfo(
     model_id="qwen", name="Qwen2.5-Coder-1.5B-Instruct", architecture="qwen2", parameters=1_543_714_304,
-    quantization="Q4_K_M GGUF file (weights 76% Q4_K, 24% Q6_K)", runs_as="bfloat16",
+    quantization="Q4_K_M GGUF file (weights 76% Q4_K, 24% Q6_K)", runs_as="4-bit weights in 168 layers, 6-bit in 29 (as in the file; amx kernel), float32 activations",
     context_length=32_768, context_used=7_680, tokenizer_size=151_665,
     drafter="SmolLM2-135M-Instruct", drafter_vocab=49_152, direct_mapped=40_960, ngram_entries=1_234,
 )
@@ -34,7 +34,7 @@ def test_what_the_dialog_says_of_a_cross_vocabulary_target():
     shown = dict(rows(QWEN))
     assert shown["Parameters"] == "1.54 billion (1,543,714,304)"
     assert shown["Stored as"] == "Q4_K_M GGUF file (weights 76% Q4_K, 24% Q6_K)"
-    assert shown["Runs here as"] == "bfloat16 (de-quantized when loaded)"
+    assert shown["Runs here as"] == QWEN.runs_as
     assert shown["Context length"] == "32,768 tokens; a chat gets the latest 7,680"
     assert shown["Tokenizer"] == "151,665 tokens"
     assert shown["Drafter"] == "SmolLM2-135M-Instruct (49,152 tokens)"

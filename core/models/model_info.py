@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from ..kernels import build as kernels
 from .gguf_header import read_header
-from .quantize import Int8Linear, parameter_count, quant_layer_count
 
 if TYPE_CHECKING:
     from ..decoding.vocab_bridge import VocabBridge
@@ -88,6 +87,8 @@ def describe(
 ) -> ModelInfo:
     """The loaded target, and its relation to the drafter when drafting is on (a
     drafter and the bridge built for this target)."""
+    from .quantize import parameter_count
+
     model = target.model
     runtime = target.runner.net  # the lean runtime computes in its own dtype
     computes_in = str(runtime.dtype if runtime is not None else target.dtype).removeprefix("torch.")
@@ -115,6 +116,8 @@ def describe(
 
 
 def _runs_as(target: LoadedModel, computes_in: str) -> str:
+    from .quantize import Int8Linear, quant_layer_count
+
     if not target.int8:
         return computes_in
     four, six, eight = (quant_layer_count(target.model, bits=bits) for bits in (4, 6, 8))
