@@ -97,8 +97,8 @@ def test_a_round_replays_learned_turns_beside_the_new_ones(parts):
     buffer.add(replace(samples[2]))
     trained = []
     original = learner._accumulate
-    learner._accumulate = lambda model, batch, first, check: (
-        trained.append([s.seq for s in batch]) or original(model, batch, first, check))
+    learner._accumulate = lambda model, batch, first, check, partial=None: (
+        trained.append([s.seq for s in batch]) or original(model, batch, first, check, partial))
     second = learner.step()  # the new turn first, then one of the two learned ones
     third = learner.step()  # ... and the other: twice the new turns, each at most once
     assert trained[0][0] == 2 and sorted(trained[0][1:] + trained[1]) == [0, 1]
@@ -128,6 +128,53 @@ def test_should_stop_interrupts_quickly_without_changes(parts):
     assert len(buffer) == 4
     # The next step trains the same samples.
     assert not learner.step()["interrupted"] and learner.lora_params_changed(snapshot)
+
+
+def test_a_step_cut_off_mid_batch_keeps_the_finished_samples_and_resumes(parts):
+    """Idle windows shorter than a step add up: a step stopped in its third sample
+    keeps the first two samples' gradients; the next step reads only the last two,
+    and its update is the uninterrupted batch's (the mean of the four gradients)."""
+    make, buffer, store, samples = parts
+    learner = make(batch_size=4)
+    _fill(buffer, samples[:4])
+    model = store.activate(TARGET)
+    params = store.parameters(TARGET)
+    for s in buffer.samples():  # the batch's mean gradient, computed directly
+        learner.sample_loss(model, s)[0].backward()
+    expected = [p.grad / 4 for p in params]
+    for p in params:
+        p.grad = None
+
+    read, applied = [], []
+    forward = learner.forward
+    learner.forward = lambda model, sample, check=lambda: None: read.append(sample.seq) or forward(model, sample, check)
+    optimizer = learner._optimizer_for_adapter()
+    step = optimizer.step
+    optimizer.step = lambda *a, **kw: applied.append([p.grad.clone() for p in params]) or step(*a, **kw)
+
+    cut = learner.step(lambda: len(read) == 3)  # gives way once the third sample is being read
+    assert cut["interrupted"] and read == [0, 1, 2] and learner.updates == 0 and not applied
+    assert all(p.grad is None for p in params)
+    done = learner.step()
+    assert not done["interrupted"] and done["pass_done"] and read == [0, 1, 2, 2, 3]
+    assert done["samples"] == 4 and len(applied) == 1
+    for got, want in zip(applied[0], expected, strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-7)
+
+
+def test_a_kept_partial_step_is_dropped_when_its_batch_changes(parts):
+    """A batch the buffer no longer holds whole (turns dropped by its cap, forgotten)
+    starts over: the kept gradients belong to samples that are gone."""
+    make, buffer, _store, samples = parts
+    learner = make(batch_size=4)
+    _fill(buffer, samples[:4])
+    read = []
+    forward = learner.forward
+    learner.forward = lambda model, sample, check=lambda: None: read.append(sample.seq) or forward(model, sample, check)
+    assert learner.step(lambda: len(read) == 3)["interrupted"]
+    buffer.remove({0})
+    read.clear()
+    assert not learner.step()["interrupted"] and read == [1, 2, 3]
 
 
 def test_should_stop_interrupts_the_backward(parts):

@@ -18,8 +18,10 @@ only (as a new turn would be drafted); it is saved with the adapter.
 Training runs while the user is idle and must give way at once when a request
 arrives: should_stop() is checked between samples and, through hooks on every
 decoder layer of both models, inside the forward and backward passes. An
-interrupted step discards its partial gradients and changes no parameter; its
-samples are retried by the next step.
+interrupted step changes no parameter. The samples it finished keep their
+gradients (_Partial): the next step on the same batch starts at the sample that
+was cut off, so idle windows shorter than a step still add up to steps. The cut
+sample's partial backward is discarded.
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ class _Interrupted(Exception):
     """should_stop() said yes in the middle of a step."""
 
 
+@dataclass
+class _Partial:
+    """An interrupted step's finished work: its batch (seqs), how many of its samples
+    were done, the adapter's summed gradients after them and the running totals."""
+
+    seqs: list[int]
+    done: int
+    grads: list[torch.Tensor | None]
+    totals: dict
+
+
 class Learner:
     def __init__(
         self,
@@ -118,6 +131,7 @@ class Learner:
         self._head_optimizer: torch.optim.AdamW | None = None
         self._round: list[int] = []  # seqs the current round has still to train, in order
         self._rng = random.Random(0)  # which learned turns a round replays
+        self._partial: _Partial | None = None  # an interrupted step's finished samples
 
     # ------------------------------------------------------------ training
     def step(self, should_stop: ShouldStop = never) -> dict | None:
@@ -140,11 +154,17 @@ class Learner:
         torch.set_num_threads(self.threads)
         check = _checker(should_stop)
         hooks = _stop_hooks(self.drafter_model, check) + _stop_hooks(self.target_model, check)
+        params = self.adapters.parameters(self.target_id)
+        partial = self._partial if self._partial and self._partial.seqs == [s.seq for s in batch] else None
+        self._partial = None
         try:
             _zero(optimizer, head_optimizer)
-            totals = self._accumulate(model, batch, first, check)
+            if partial:  # go on from the sample an earlier step was cut off at
+                for p, grad in zip(params, partial.grads, strict=True):
+                    p.grad = grad
+            totals = self._accumulate(model, batch, first, check, partial)
             if totals["used"]:
-                for p in self.adapters.parameters(self.target_id):
+                for p in params:
                     if p.grad is not None:
                         p.grad /= totals["used"]  # the batch mean of the per-sample losses
                 optimizer.step()
@@ -160,6 +180,7 @@ class Learner:
                 h.remove()
             torch.set_num_threads(threads)
         _zero(optimizer, head_optimizer)
+        self._partial = None
         self.samples += len(batch)
         self.buffer.mark_learned({s.seq for s in batch})
         self._round = self._round[len(batch):]
@@ -168,11 +189,18 @@ class Learner:
             self._finish_round()
         return {**self.progress(), **_means(totals), **head_stats, "interrupted": False, "pass_done": pass_done}
 
-    def _accumulate(self, model, batch: list[Sample], first: set[int], check: Check) -> dict:
-        """Backward of each sample's loss (so only one graph is alive at a time)."""
-        totals = {"used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
-                  "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
-        for sample in batch:
+    def _accumulate(self, model, batch: list[Sample], first: set[int], check: Check,
+                    partial: _Partial | None = None) -> dict:
+        """Backward of each sample's loss (so only one graph is alive at a time),
+        from where `partial` left off. After each sample its work is kept
+        (self._partial) for a step that is cut off in a later one."""
+        totals = dict(partial.totals, head_examples=list(partial.totals["head_examples"])) if partial else {
+            "used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
+            "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
+        start = partial.done if partial else 0
+        for done, sample in enumerate(batch[start:], start + 1):
+            if done > 1:
+                self._keep(batch, done - 1, totals)
             check()
             fwd = self.forward(model, sample, check)
             if fwd is None:
@@ -201,6 +229,13 @@ class Learner:
                 totals["n_ngram"] += 1
                 totals["ngram"] += stats["ngram"]
         return totals
+
+    def _keep(self, batch: list[Sample], done: int, totals: dict) -> None:
+        """The first `done` samples' gradients and totals, for a step cut off after them
+        (a few MB: the adapter's low-rank weights)."""
+        grads = [None if p.grad is None else p.grad.clone() for p in self.adapters.parameters(self.target_id)]
+        self._partial = _Partial([s.seq for s in batch], done, grads,
+                                 dict(totals, head_examples=list(totals["head_examples"])))
 
     def _train_head(self, examples: list[HeadExample], optimizer) -> dict:
         """acceptance_head.STEPS updates of the acceptance head on this batch's turns (its loss:
