@@ -41,46 +41,12 @@ from .models.context import (
     model_window,
     own_window,
 )
-from .models.loader import LoadCancelled, LoadedModel, Progress, load, no_progress
+from .models.loader import LoadCancelled, LoadedModel, Progress, load, load_failure, no_progress
 from .models.model_info import ModelInfo, describe
 from .stopping import ShouldStop, never
 from .storage import paths
-from .storage.persistence import DiskFullError, disk_full_message, is_disk_full
 
 MAX_CACHED_BRIDGES = 3
-
-
-def load_failure(entry: ModelEntry, exc: BaseException) -> str:
-    """What a person reads when a target does not load: a full disk with the space
-    a converted copy needs, a damaged model with what to do about it."""
-    if is_disk_full(exc):
-        failed = next((e for e in _chain(exc) if isinstance(e, DiskFullError)), None)
-        folder = failed.path.parent if failed else paths.cache_dir()
-        return disk_full_message(f"loading {entry.name}", folder, failed.needed if failed else _file_bytes(entry),
-                                 "The model loaded before stays; free some space and choose it again.")
-    if isinstance(exc, ModelError) and exc.__cause__ is None:
-        return str(exc)  # written for people already
-    advice = ("Reinstalling the app restores its bundled models." if entry.bundled else
-              "Remove it from the model list, or add a fresh copy of it.")
-    return (f"{entry.name} could not be loaded: its files are damaged or in a form this app "
-            f"cannot read. {advice}")
-
-
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
-    for _ in range(16):  # a failure and what it was raised from
-        if exc is None:
-            return
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
-def _file_bytes(entry: ModelEntry) -> int:
-    """What a load may write beside the model (prepared tokenizer and kernel files)
-    is at most about the size of its file: the figure a full disk is told of."""
-    try:
-        return entry.size_bytes or os.path.getsize(entry.path)
-    except OSError:
-        return 0
 
 
 class Engine:

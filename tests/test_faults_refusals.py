@@ -150,9 +150,9 @@ def _worker_failures() -> list[str]:
 
 
 def _engine_refusals(tmp_path: Path) -> list[str]:
-    from omnidraft.core.engine import load_failure
     from omnidraft.core.models.catalog import BUNDLED, SMOLLM2_ID, ModelEntry, ModelError
     from omnidraft.core.models.context import InputError, fit_conversation
+    from omnidraft.core.models.loader import load_failure
     from omnidraft.core.storage.persistence import DiskFullError, save_failure
 
     added = ModelEntry("mine-1", "Mine", str(tmp_path / "mine.gguf"))

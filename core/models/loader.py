@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from ..kernels import layouts
 from ..kernels.build import unavailable as kernels_unavailable
 from ..stopping import ShouldStop, never
 from ..storage import paths
+from ..storage.persistence import DiskFullError, disk_full_message, is_disk_full
 from .bundled_models import Progress, no_progress
 from .catalog import ModelEntry, ModelError, bundled_path, inspect_path
 from .lean_llama import supports as lean_supports
@@ -182,3 +185,36 @@ def _load_folder(entry: ModelEntry, folder: Path, dtype: torch.dtype, int8: bool
     if int8:
         quantize_int8(model, _four_bit(entry, model) if int4 else None)
     return model, tokenizer
+
+
+def load_failure(entry: ModelEntry, exc: BaseException) -> str:
+    """What a person reads when a model does not load: a full disk with the space
+    the load writes, a damaged model with what to do about it."""
+    if is_disk_full(exc):
+        failed = next((e for e in _chain(exc) if isinstance(e, DiskFullError)), None)
+        folder = failed.path.parent if failed else paths.cache_dir()
+        return disk_full_message(f"loading {entry.name}", folder, failed.needed if failed else _file_bytes(entry),
+                                 "The model loaded before stays; free some space and choose it again.")
+    if isinstance(exc, ModelError) and exc.__cause__ is None:
+        return str(exc)  # written for people already
+    advice = ("Reinstalling the app restores its bundled models." if entry.bundled else
+              "Remove it from the model list, or add a fresh copy of it.")
+    return (f"{entry.name} could not be loaded: its files are damaged or in a form this app "
+            f"cannot read. {advice}")
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    for _ in range(16):  # a failure and what it was raised from
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _file_bytes(entry: ModelEntry) -> int:
+    """What a load may write beside the model (prepared tokenizer and kernel files)
+    is at most about the size of its file: the figure a full disk is told of."""
+    try:
+        return entry.size_bytes or os.path.getsize(entry.path)
+    except OSError:
+        return 0
