@@ -52,7 +52,7 @@ BUILDS = {
     # AMX off: the AMX path is where a native build crashes on AMX Xeons.
     "avx512": (_PORTABLE + " -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON"
                " -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF",
-               ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vbmi", "avx512_vnni",
+               ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni",
                 "avx512_bf16")),
     "avx2": ("-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_FMA=ON -DGGML_F16C=ON",
              ("avx2", "fma", "f16c")),

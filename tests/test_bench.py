@@ -608,6 +608,13 @@ def test_llamacpp_builds_skip_what_the_cpu_lacks():
     assert llamacpp.missing_flags("avx2", zen) == []
     assert "avx512f" in llamacpp.missing_flags("avx512", zen)
     assert llamacpp.missing_flags("avx512", None) == []  # unknown flags: the smoke test decides
+    # An AMX Xeon's (Sapphire Rapids) and a Zen 4's /proc/cpuinfo flags, as the kernel spells them:
+    # avx512vbmi without an underscore, avx512_vnni and avx512_bf16 with one.
+    sapphire = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
+                "avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq",
+                "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8"}
+    zen4 = sapphire - {"avx512_fp16", "amx_bf16", "amx_tile", "amx_int8"}
+    assert llamacpp.missing_flags("avx512", sapphire) == llamacpp.missing_flags("avx512", zen4) == []
     assert "-DGGML_AMX_INT8=OFF" in llamacpp.BUILDS["avx512"][0]
     with pytest.raises(SystemExit) as exc:
         llamacpp.main(["--builds", "native,sse"])
