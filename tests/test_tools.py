@@ -10,12 +10,14 @@ import re
 import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omnidraft.tools import common
 
 TOOLS = ("step_times", "kernel_ab", "attention_ab", "conversation_speed", "reply_agreement",
          "learning_sweep", "speed_floor", "memory_soak", "gui_check", "bundle_check",
-         "make_streams", "load_footprint", "search_index_size", "code_block_stall", "serve_speed")
+         "make_streams", "load_footprint", "search_index_size", "code_block_stall", "serve_speed",
+         "synthetic_gguf")
 TOOLS_DIR = Path(common.__file__).parent
 REPO = Path(__file__).resolve().parents[1]
 
@@ -428,6 +430,71 @@ def test_the_kept_streams_are_what_the_generator_makes(tmp_path):
     assert make.main(["--out", str(tmp_path), "--turns", "12"]) == 0
     for name in kept:
         assert len((tmp_path / name).read_text(encoding="utf-8").splitlines()) == 12
+
+
+def test_the_kept_long_pastes_are_what_the_generator_makes(tmp_path):
+    """eval/long-paste.jsonl: six pasted modules of about 2,000 tokens (7,200
+    characters or less of code, each cut at a top-level statement) with a question."""
+    make = tool("make_streams")
+    kept = [json.loads(line) for line in (REPO / "eval" / "long-paste.jsonl").read_text(encoding="utf-8").splitlines()]
+    from importlib.metadata import version
+
+    if {row["source"].split(":")[0] for row in kept} != {f"packaging {version('packaging')}"}:
+        pytest.skip("the kept long pastes come from another packaging version")
+    assert kept == make.paste_prompts(make.SEED)
+    assert len(kept) == 6 and len({r["prompt"] for r in kept}) == 6
+    for row in kept:
+        code = row["prompt"].split("```python\n", 1)[1].removesuffix("\n```")
+        assert 5000 < len(code) <= make.PASTE_CHARS
+        compile(code, row["source"], "exec")  # whole statements: it parses
+    assert make.main(["--paste", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "long-paste.jsonl").read_text(encoding="utf-8").splitlines() == \
+        (REPO / "eval" / "long-paste.jsonl").read_text(encoding="utf-8").splitlines()
+
+
+# synthetic_gguf
+
+def test_synthetic_gguf_follows_the_q4_k_m_mix_and_writes_a_file_the_engine_reads(tmp_path, monkeypatch):
+    """The 7B plan: llama.cpp's Q4_K_M choice of types; a small file of the same
+    recipe (shapes shrunk) carries the source's tokenizer and the new shapes."""
+    import gguf
+    from omnidraft.core.models.gguf_header import read_header
+
+    syn = tool("synthetic_gguf")
+    plan = {name: (shape, kind) for name, shape, kind in syn.tensors(151936)}
+    assert sum(kind == "Q6_K" for name, (_, kind) in plan.items() if "ffn_down" in name) == 14
+    assert [i for i in range(28) if plan[f"blk.{i}.attn_v.weight"][1] == "Q6_K"] == \
+        [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]
+    assert plan["output.weight"] == ((151936, 3584), "Q6_K") and plan["token_embd.weight"][1] == "Q4_K"
+    assert plan["blk.0.ffn_down.weight"][0] == (3584, 18944) and plan["blk.0.attn_k.bias"][0] == (512,)
+
+    source = tmp_path / "source.gguf"
+    writer = gguf.GGUFWriter(str(source), "qwen2")
+    writer.add_name("Source")
+    writer.add_block_count(1)
+    writer.add_embedding_length(64)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.add_chat_template("{{ messages }}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for name, value in {"LAYERS": 2, "WIDTH": 256, "MLP": 512, "HEADS": 2, "KV_HEADS": 1}.items():
+        monkeypatch.setattr(syn, name, value)
+    monkeypatch.setattr(syn, "SHAPE_KEYS", {**syn.SHAPE_KEYS, "block_count": 2, "embedding_length": 256})
+    out = tmp_path / "small.gguf"
+    assert syn.main(["--out", str(out), "--source", str(source)]) == 0
+    header = read_header(out)
+    assert header.metadata["qwen2.block_count"] == 2 and header.metadata["qwen2.embedding_length"] == 256
+    assert header.metadata["general.name"] == "Qwen2-7B-shaped (random weights)"
+    assert header.metadata["tokenizer.chat_template"] == "{{ messages }}"
+    types = {t.name: gguf.GGMLQuantizationType(t.ggml_type).name for t in header.tensors}
+    assert types["blk.1.ffn_down.weight"] == "Q6_K" and types["blk.0.ffn_down.weight"] == "Q4_K"
+    reader = gguf.GGUFReader(out)
+    q4k = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
+    scales = np.frombuffer(bytes(q4k.data.reshape(-1, 144)[:, :4]), np.float16)
+    assert np.isfinite(scales).all() and (scales > 0).all()
 
 
 # serve_speed

@@ -16,6 +16,11 @@ eval/README.md:
                         command line tool: how do I ..., what does this parameter
                         do, an example from this docstring, the difference between two
 
+`--paste` writes instead eval/long-paste.jsonl: six single turns that each paste
+about 2,000 tokens of one `packaging` module (its opening, cut after a whole
+statement) and ask one question about it, the long-paste case of
+docs/performance.md (time to the first token is the prompt's read).
+
 Follow-up turns continue a conversation (the same `conversation` id; the bench
 sends the earlier turns and its own replies with them). The output depends only
 on the seed (SEED, kept here) and the installed versions of the two libraries
@@ -389,6 +394,51 @@ def _dist_version(name: str) -> str:
     return version(name)
 
 
+# ---------------------------------------------------------------- long pastes
+
+# About 2,000 of Qwen2.5's tokens of Python source (3.5-3.7 characters a token).
+PASTE_CHARS = 7200
+PASTE_MODULES = ("version.py", "specifiers.py", "markers.py", "tags.py", "metadata.py", "requirements.py")
+PASTE_QUESTIONS = (
+    "Here is `packaging/{module}`. Explain what this file does, part by part.",
+    "Here is the start of `packaging/{module}`. Which function here would you test first, and how?",
+    "Here is `packaging/{module}`. Is there anything in it you would simplify? Show the change.",
+    "Can you walk me through the main class in this code from `packaging/{module}`?",
+    "Here is `packaging/{module}`. Write a short docstring summary for each function that lacks one.",
+    "This is `packaging/{module}`. Where could this code raise, and with which message?",
+)
+
+
+def _statements(tree: ast.Module):
+    """Module-level statements and those directly in a top-level class or function:
+    a file cut after any of them still parses."""
+    for node in tree.body:
+        yield node
+        if isinstance(node, ast.ClassDef | ast.FunctionDef):
+            yield from node.body
+
+
+def paste_prompts(seed: int) -> list[dict]:
+    """One module's opening a prompt, cut after the last whole statement within
+    PASTE_CHARS (at the top level or in a top-level class or function)."""
+    import packaging
+
+    rng = random.Random(seed)
+    root = Path(packaging.__file__).parent
+    questions = rng.sample(PASTE_QUESTIONS, len(PASTE_MODULES))
+    rows = []
+    for i, (module, question) in enumerate(zip(PASTE_MODULES, questions), 1):
+        text = (root / module).read_text(encoding="utf-8")
+        lines = text.splitlines()
+        ends = [node.end_lineno for node in _statements(ast.parse(text))]
+        cut = max((e for e in ends if len("\n".join(lines[:e])) <= PASTE_CHARS), default=ends[0])
+        code = "\n".join(lines[:cut])
+        rows.append({"id": f"long-paste-{i}", "kind": "code",
+                     "source": f"packaging {packaging.__version__}: packaging/{module}, lines 1-{cut}",
+                     "prompt": question.format(module=module) + f"\n\n```python\n{code}\n```"})
+    return rows
+
+
 # ---------------------------------------------------------------- command line
 
 STREAMS = {"code-packaging.jsonl": code_stream, "docs-click.jsonl": docs_stream}
@@ -413,12 +463,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = tool_parser(__file__, __doc__)
     ap.add_argument("--seed", type=int, default=SEED, help=f"the streams' seed (default {SEED}, the one kept)")
     ap.add_argument("--turns", type=positive_int, default=TURNS, help=f"turns a stream (default {TURNS})")
-    ap.add_argument("--out", type=Path, default=repo_root() / "eval" / "streams", help="where the JSONL files go")
-    return ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=None, help="where the JSONL files go (default eval/streams, "
+                    "with --paste eval)")
+    ap.add_argument("--paste", action="store_true", help="write long-paste.jsonl instead of the streams")
+    args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = repo_root() / "eval" / ("" if args.paste else "streams")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.paste:
+        path, = write({"long-paste.jsonl": paste_prompts(args.seed)}, args.out)
+        print(f"wrote {path}: {len(path.read_text(encoding='utf-8').splitlines())} prompts, {path.stat().st_size} bytes")
+        return 0
     for path in write(build(args.seed, args.turns), args.out):
         rows = path.read_text(encoding="utf-8").splitlines()
         conversations = len({json.loads(r)["conversation"] for r in rows})

@@ -7,8 +7,8 @@ of the same model for comparison) and the drafter's lean runtime, each after a
 k proposals). Median of --reps forwards, rolled back after each. The drafter
 twice: back to back (its weights stay in the caches) and each forward after a
 one-token target forward, as decoding runs it (its weights come from memory).
-With llama.cpp installed (`make peers`), its own evals of the same GGUF beside
-them; and each runtime's prefill of the --context-token prompt, per prompt token.
+With llama.cpp built (`make peers`), its own evals of the same GGUF beside them
+(llama-bench, n tokens at the context's depth); and each runtime's prefill of the --context-token prompt, per prompt token.
 Where the target's layers run as one kernel call (a Q4_K_M file's 4-bit and 6-bit
 layers), the same runtime with its layers as torch ops is timed beside it.
 
@@ -19,7 +19,9 @@ layers), the same runtime with its layers as torch ops is timed beside it.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -107,26 +109,24 @@ def target_step(runner: TargetRunner, context: list[int]):
     return step
 
 
-def llamacpp_ms(gguf: str, context: list[int], reps: int) -> tuple[dict[int, float], float] | None:
-    """llama.cpp's eval of n tokens after the context, and its prefill ms per token."""
-    try:
-        import llama_cpp
-    except ImportError:
+def llamacpp_ms(gguf: str, context_tokens: int, reps: int) -> tuple[dict[int, float], float] | None:
+    """llama.cpp's (`make peers`) eval of n tokens after the context (llama-bench's
+    n-token prompt at that depth, the median of its runs), and its prefill ms per
+    token; None where llama.cpp is not built."""
+    from omnidraft.bench import llamacpp
+
+    if llamacpp.build_info() is None:
         return None
-    threads = torch.get_num_threads()
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
-    llm.reset()
-    start = time.perf_counter()
-    llm.eval(context)
-    prefill = 1000 * (time.perf_counter() - start) / len(context)
-    out = {}
-    for n in ROWS:
-        def step(n=n):
-            llm.eval(context[:n])
-            llm.n_tokens -= n  # its next eval drops the cache past n_tokens
-        out[n] = median_ms(step, reps)
-    llm.close()
-    return out, round(prefill, 2)
+
+    def medians_ms(*args: str) -> dict[int, float]:
+        cmd = [str(llamacpp.tool("llama-bench")), "-m", gguf, "-t", str(torch.get_num_threads()), "-r", str(reps),
+               "-o", "json", "-n", "0", *args]
+        runs = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+        return {r["n_prompt"]: statistics.median(r["samples_ns"]) / 1e6 for r in runs}
+
+    steps = medians_ms("-p", ",".join(map(str, ROWS)), "-d", str(context_tokens))
+    prefill = medians_ms("-p", str(context_tokens))[context_tokens] / context_tokens
+    return steps, round(prefill, 2)
 
 
 def prefill_ms(runner: TargetRunner, context: list[int]) -> float:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         net.stack = stack
     entry = catalog.get(args.target)
     gguf = entry.path or str(bundled_path(entry.id))
-    peer = llamacpp_ms(gguf, t_ids, args.reps) if gguf.endswith(".gguf") else None
+    peer = llamacpp_ms(gguf, len(t_ids), args.reps) if gguf.endswith(".gguf") else None
     if peer:
         report["llamacpp_ms"], report["prefill_ms_per_token"]["llamacpp"] = peer
     for key in ("target_lean_ms", "target_lean_torch_layers_ms", "target_transformers_ms", "drafter_ms",
