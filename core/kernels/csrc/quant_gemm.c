@@ -181,7 +181,14 @@ static void row_terms(int kind, const int16_t *sums, int64_t count, Term *out) {
 #define PREFETCH 4096
 #define FAR 16384
 #define FAR_MIN_BYTES (4 << 20) /* smaller products: the far prefetch runs mostly past their end */
-#ifdef OMNI_ZMM
+#if defined(OMNI_AMX)
+/* Intel's Xeons (the amx build runs on Sapphire Rapids and later only): there the
+   near prefetch alone left a one-row product at half the stream's speed (a 2-core
+   Xeon, step_times: a Qwen2.5-1.5B forward of 1 / 2 / 3 rows 85.6 / 77.0 / 46.4 ms,
+   a Qwen2-7B-shaped one's 377.6 / 330.9 / 189.3): the far prefetch from one row
+   (tools/kernel_ab.py --gemm; docs/performance.md). */
+#define FAR_ROWS 1
+#elif defined(OMNI_ZMM)
 #define FAR_ROWS 3
 #else
 #define FAR_ROWS MAX_ROWS
