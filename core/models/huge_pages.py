@@ -31,7 +31,6 @@ HUGE = 2 << 20  # bytes in a huge page (x86-64 and most arm64 kernels)
 # Windows) blocks are ordinary torch memory.
 _ASK_HUGE = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
 _LINE = 64  # each tensor starts on a cache line, as torch's allocator starts them
-TRIM_EVERY = 256 << 20  # bytes moved between two trims of the heap
 
 
 class Placeable(Protocol):
@@ -67,27 +66,18 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def gather(layers: Iterable[Placeable]) -> None:
     """Copy the layers' packed weights, in order, into one block on 2 MB pages and
     make the copies theirs; what they held is freed as each moves (unless held
-    elsewhere too), and given back to the OS every TRIM_EVERY bytes, so the
-    block's pages come in as the old ones go: the peak is about one copy of the
-    weights and the largest layer, not two copies. Layers without packed weights
-    are left alone."""
+    elsewhere too). Layers without packed weights are left alone."""
     moving = [layer for layer in layers if layer.kernel_weights is not None]
     sizes = [-(-layer.kernel_weights[0].numel() // _LINE) * _LINE for layer in moving]
     room = block(sum(sizes))
-    start = moved = 0
+    room.fill_(0)  # the pages faulted in by a parallel fill: a copy into untouched pages ran slower
+    start = 0
     for layer, size in zip(moving, sizes):
         packed = layer.kernel_weights[0]
         if not packed.is_contiguous() or packed.dtype != torch.uint8:
             raise TypeError("packed weights are contiguous bytes")
-        # Its pages faulted in by a parallel fill first: a copy into untouched pages ran slower.
-        room[start : start + size].zero_()
         copy = room[start : start + packed.numel()].view(packed.shape)
         copy.copy_(packed)
         layer.place(copy)
-        del packed
         start += size
-        moved += size
-        if moved >= TRIM_EVERY:
-            trim_heap()  # freed copies under glibc's mmap threshold sit in its heap until trimmed
-            moved = 0
-    trim_heap()
+    trim_heap()  # the old copies' pages, freed, go back to the OS
