@@ -65,6 +65,7 @@ def in_process(target: str, prompts: list[str], max_new_tokens: int) -> tuple[di
     from omnidraft.core.decoding.sampling import GenerationConfig
     from omnidraft.core.engine import Engine
     from omnidraft.core.events import TurnFinished
+    from omnidraft.core.models.loader import source_path
 
     engine = Engine()
     entry = engine.load_target(target)
@@ -77,7 +78,8 @@ def in_process(target: str, prompts: list[str], max_new_tokens: int) -> tuple[di
         seconds += time.perf_counter() - start
         tokens += done.stats.new_tokens
         texts.append(done.text)
-    gguf = entry.path if entry.path.endswith(".gguf") else ""
+    source = str(source_path(entry))  # a bundled target's assembled file too
+    gguf = source if source.endswith(".gguf") else ""
     return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2),
             "texts": texts}, gguf
 

@@ -155,14 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     catalog = ModelCatalog()
     target = load(catalog.get(args.target), torch.bfloat16, int8=True)
     drafter = Drafter(load(catalog.get(SMOLLM2_ID), torch.bfloat16), DraftSettings())
-    text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 20
+    # ~15 tokens a line: enough lines for --context-tokens
+    text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * max(20, args.context_tokens // 10)
     t_ids = target.tokenizer(text)["input_ids"][: args.context_tokens]
     d_ids = drafter.tokenizer(text)["input_ids"][: args.context_tokens]
     report = {
         "target": args.target,
         "context_tokens": args.context_tokens,
         "threads": torch.get_num_threads(),
-        "kernel": kernels().kernel_isa(),  # the kernels' build (OMNIDRAFT_KERNEL_ISA picks one by name)
+        "kernel": kernels().build.kernel_isa(),  # the kernels' build (OMNIDRAFT_KERNEL_ISA picks one by name)
         "rows": list(ROWS),
         "target_transformers_ms": target_ms(TargetRunner(target.model, lean=False), t_ids, args.reps),
         "drafter_ms": drafter_ms(drafter, d_ids, args.reps),
