@@ -47,7 +47,9 @@ def test_every_result_file_a_doc_cites_exists():
 def test_every_kept_result_file_is_cited_by_a_doc():
     kept = {p.name for p in RESULTS.iterdir()} if RESULTS.is_dir() else set()
     assert not kept - set(_cited()), sorted(kept - set(_cited()))
-    assert len(kept) <= 15
+    # A curated set: each CPU class's bench runs and step times, the long paste, the
+    # thread count, the 7B simulation, the server, the learning runs and ceilings.
+    assert len(kept) <= 24
 
 
 def test_nothing_reads_as_a_work_log():
