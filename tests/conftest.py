@@ -57,6 +57,7 @@ STARTS_PROCESSES = {
     "test_faults_files.py": {"test_what_the_engine_creates_in_the_cache_is_private"},
     "test_faults_lifetime.py": {"test_a_gui_killed_during_a_model_load_takes_its_engine_along"},
     "test_gui.py": {"window"},
+    "test_layering.py": {"test_the_window_and_the_server_start_without_torch"},
     "test_no_compiler.py": {"*"},
     "test_packaging.py": {"test_a_frozen_style_worker_starts_through_the_entry_point",
                           "test_the_desktop_entry_installer_points_the_menu_at_the_bundle"},
