@@ -65,11 +65,12 @@ def test_the_check_sees_lazy_relative_and_dotted_imports(tmp_path):
 def test_the_window_and_the_server_start_without_torch():
     """The GUI process and `omnidraft serve` talk to the engine worker only: importing
     them loads no torch (seconds and hundreds of MB in a process that never runs a model)."""
+    import os
     import subprocess
     import sys
 
     code = ("import sys; import omnidraft.app.main_window, omnidraft.server.api, omnidraft.server.runner; "
             "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen"})
+                         env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

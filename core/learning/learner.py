@@ -194,7 +194,7 @@ class Learner:
         """Backward of each sample's loss (so only one graph is alive at a time),
         from where `partial` left off. After each sample its work is kept
         (self._partial) for a step that is cut off in a later one."""
-        totals = dict(partial.totals, head_examples=list(partial.totals["head_examples"])) if partial else {
+        totals = partial.totals if partial else {  # a partial is used once: its totals go on here
             "used": 0, "loss": 0.0, "dm": 0.0, "ngram": 0.0, "n_dm": 0, "n_ngram": 0,
             "acceptance_estimate": 0.0, "greedy_match": 0.0, "head_examples": []}
         start = partial.done if partial else 0
