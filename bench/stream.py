@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,7 @@ class StreamRun:
     twin: Twin | None = None
     records: list[dict] = field(default_factory=list)
     _previous: list[int] | None = None  # the target ids of the previous turn and its reply
+    after_turn: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if self.engine.drafter is None or self.engine.bridge is None:
@@ -164,6 +166,8 @@ class StreamRun:
             messages = [*history, {"role": "user", "content": row["prompt"]}]
             record = self.turn(len(self.records), segment, row, messages)
             history = [*messages, {"role": "assistant", "content": record["reply"]}]
+            if self.after_turn is not None:
+                self.after_turn()
 
     def turn(self, index: int, segment: int, row: dict, messages: list[dict]) -> dict:
         engine = self.engine
@@ -486,7 +490,9 @@ def write_chart(stream: dict, path: Path) -> None:
 
 
 def measure_stream(args: argparse.Namespace, engine: Engine) -> dict:
-    """The whole --stream run: every segment's turns, then the report."""
+    """The whole --stream run: every segment's turns, then the report. With --json
+    the report so far is rewritten after every turn (`complete` false until the
+    last), so a run cut off after an hour keeps what it measured."""
     from .report import load_average, machine_info
 
     segments = [args.stream_segment, *args.then]
@@ -502,24 +508,37 @@ def measure_stream(args: argparse.Namespace, engine: Engine) -> dict:
     with run.twin.in_engine(engine):
         run._decode(warm, cfg, True)
     engine.evaluating = False
+
+    def report(complete: bool) -> dict:
+        return {
+            "mode": "stream",
+            "complete": complete,
+            "target": engine.target.entry.name,
+            "target_id": engine.target.entry.id,
+            "drafter": engine.drafter_model.entry.name,
+            "drafter_runtime": engine.drafter_description,
+            "dtype": args.dtype,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+            "seed": args.seed,
+            "chat": True,
+            "stream": stream_report(run.records, segments, args.idle_s),
+            "turns": run.records,
+            "state_dir": str(args.state_dir) if args.state_dir else None,
+            "wall_seconds": time.perf_counter() - start,
+            "command": shlex.join(["omnidraft-bench", *args.argv]),
+            "machine": machine_info(load_before),
+        }
+
+    if args.json:
+        run.after_turn = lambda: _write_partial(args.json, report(complete=False))
     for s, rows in enumerate(streams):
         run.run(s, rows)
-    stream = stream_report(run.records, segments, args.idle_s)
-    return {
-        "mode": "stream",
-        "target": engine.target.entry.name,
-        "target_id": engine.target.entry.id,
-        "drafter": engine.drafter_model.entry.name,
-        "drafter_runtime": engine.drafter_description,
-        "dtype": args.dtype,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "seed": args.seed,
-        "chat": True,
-        "stream": stream,
-        "turns": run.records,
-        "state_dir": str(args.state_dir) if args.state_dir else None,
-        "wall_seconds": time.perf_counter() - start,
-        "command": shlex.join(["omnidraft-bench", *args.argv]),
-        "machine": machine_info(load_before),
-    }
+    return report(complete=True)
+
+
+def _write_partial(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    part.replace(path)  # a reader never sees half a file

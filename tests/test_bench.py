@@ -641,20 +641,34 @@ def _stream_file(path: Path) -> Path:
 
 
 @pytest.mark.timeout(900)  # the learner trains after every turn
-def test_a_stream_is_scored_turn_by_turn_against_a_frozen_twin_and_charted(tiny_target, tmp_path):
+def test_a_stream_is_scored_turn_by_turn_against_a_frozen_twin_and_charted(tiny_target, tmp_path, monkeypatch):
     """--stream then --then: per-turn figures and curves for learner and twin,
     the headline figures, the replies plain decoding's own, the learner's delay
-    of the next reply, a second segment's adaptation and a stream met again.
+    of the next reply, a second segment's adaptation and a stream met again;
+    the report so far on disk after every turn.
     (A budget the learner never runs out of: it trains every turn, however busy the machine.)"""
+    from omnidraft.bench import stream as stream_module
+
     stream = _stream_file(tmp_path / "code-demo.jsonl")
     out, chart = tmp_path / "stream.json", tmp_path / "stream.png"
+    partial_turns = []
+    write_partial = stream_module._write_partial
+
+    def spy(path, report):
+        write_partial(path, report)
+        on_disk = json.loads(path.read_text())
+        assert on_disk["complete"] is False
+        partial_turns.append(on_disk["stream"]["turns"])
+
+    monkeypatch.setattr(stream_module, "_write_partial", spy)
     rc = cli.main(["--target", str(tiny_target), "--stream", str(stream), "--turns", "4", "--then", f"{stream}:2",
                    "--idle-s", "60", "--dtype", "fp32", "--max-new-tokens", "6", "--json", str(out),
                    "--chart", str(chart)])
     assert rc == 0
     report = json.loads(out.read_text())
     s = report["stream"]
-    assert report["mode"] == "stream" and s["turns"] == 6 and s["idle_s"] == 60
+    assert report["mode"] == "stream" and report["complete"] and s["turns"] == 6 and s["idle_s"] == 60
+    assert partial_turns == [1, 2, 3, 4, 5, 6]
     for key in ("speedup_ratio_last_third", "own_acceptance_first_third", "own_acceptance_last_third",
                 "twin_own_acceptance_delta", "speedup_ratio_first_third", "gain_over_twin_last_third"):
         assert key in s, key
