@@ -231,8 +231,10 @@ def free_port() -> int:
 class Server:
     """One llama-server on 127.0.0.1 for one method."""
 
-    def __init__(self, gguf: Path, mode: tuple[str, ...], threads: int, draft: Path | None = None):
+    def __init__(self, gguf: Path, mode: tuple[str, ...], threads: int, draft: Path | None = None,
+                 slots: int = 1):
         self.gguf, self.mode, self.threads, self.draft = gguf, tuple(mode), threads, draft
+        self.slots = slots
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
@@ -241,10 +243,12 @@ class Server:
     def command(self) -> list[str]:
         return [
             str(tool("llama-server")), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port),
-            "-c", str(CONTEXT), "-t", str(self.threads), "-tb", str(self.threads),
-            # One slot, so every prompt meets the previous one's cache; no host-memory
-            # prompt cache beyond it (it would hand a repeated prompt its whole read).
-            "-np", "1", "--cache-ram", "0", "--no-webui",
+            # Each slot its own CONTEXT. The bench's one slot makes every prompt meet the
+            # previous one's cache; concurrent clients get a slot each, batched as
+            # llama-server serves them best. No host-memory prompt cache beyond the
+            # slots (it would hand a repeated prompt its whole read).
+            "-c", str(CONTEXT * self.slots), "-t", str(self.threads), "-tb", str(self.threads),
+            "-np", str(self.slots), "--cache-ram", "0", "--no-webui",
             *self.mode, *(["-md", str(self.draft), "-td", str(self.threads)] if self.draft else []),
         ]
 

@@ -562,6 +562,9 @@ def test_llamacpp_server_methods_drive_the_servers_api(home, monkeypatch):
         def __call__(self, text, split_special_tokens=True):
             return {"input_ids": [1, 2, 3][: len(text)]}
 
+    # Concurrent clients get a slot each, each slot the bench's context.
+    four = llamacpp.Server(Path("t.gguf"), llamacpp.MODES["llamacpp-ngram"], 3, slots=4).command()
+    assert four[four.index("-np") + 1] == "4" and four[four.index("-c") + 1] == str(4 * llamacpp.CONTEXT)
     server = llamacpp.Server(Path("t.gguf"), llamacpp.MODES["llamacpp-draft"], 3, draft=Path("d.gguf"))
     server.start(timeout=60)
     try:
@@ -575,6 +578,7 @@ def test_llamacpp_server_methods_drive_the_servers_api(home, monkeypatch):
     finally:
         server.stop()
     assert server.proc is None
+    assert settings["command"][settings["command"].index("-np") + 1] == "1"
     sent = json.loads(Path(str(server_bin) + ".requests").read_text().splitlines()[0])
     assert sent == {"prompt": [1, 2, 3], "n_predict": 4, "temperature": 0.0, "top_k": 1, "cache_prompt": True,
                     "return_tokens": True, "stream": False}

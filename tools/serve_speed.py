@@ -1,8 +1,8 @@
 """What serving over HTTP costs: the local server's tokens/s (`omnidraft serve`, its
 own worker, greedy, drafted) against the same engine in-process on the same prompts
 (Engine.chat, as the bench runs it), and against llama.cpp's llama-server (`make
-peers`; plain decoding of the same GGUF, through its own OpenAI endpoint), for 1
-and for 4 concurrent clients.
+peers`; the same GGUF through its own OpenAI endpoint, in its prompt-lookup mode
+with a slot per client), for 1 and for 4 concurrent clients.
 
 Each dev prompt is one user message; with C clients the prompts are shared out
 among C threads, each sending its next one when its reply is done, so C requests
@@ -138,15 +138,21 @@ def served(target: str, prompts: list[str], max_new_tokens: int, levels: tuple[i
 
 
 def llamacpp(gguf: str, prompts: list[str], max_new_tokens: int, levels: tuple[int, ...], threads: int) -> dict:
-    from omnidraft.bench.llamacpp import Server
+    """llama-server at its best for each level: its prompt-lookup speculation (its
+    fastest mode in the bench's chat runs) and a slot per client, so concurrent
+    requests are batched rather than queued."""
+    from omnidraft.bench.llamacpp import MODES, Server
 
-    server = Server(Path(gguf), (), threads)
-    server.start()
-    try:
-        levels_out = {str(c): clients(server.url("/v1"), "target", prompts, max_new_tokens, c) for c in levels}
-        return {"settings": server.settings(), **levels_out}
-    finally:
-        server.stop()
+    out: dict = {"mode": "llamacpp-ngram"}
+    for c in levels:
+        server = Server(Path(gguf), MODES["llamacpp-ngram"], threads, slots=c)
+        server.start()
+        try:
+            out[str(c)] = {**clients(server.url("/v1"), "target", prompts, max_new_tokens, c),
+                           "settings": server.settings()}
+        finally:
+            server.stop()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             report["llamacpp"] = llamacpp(gguf, prompts, args.max_new_tokens, args.clients,
                                           args.threads or default_threads())
             for level, figures in report["llamacpp"].items():
-                if level != "settings":
+                if level != "mode":
                     ours = report["served"][level]["tokens_per_s"]
                     print(f"llama-server, {level} client(s): {figures['tokens_per_s']} tokens/s "
                           f"(served omnidraft {ours / figures['tokens_per_s']:.2f}x)", file=sys.stderr)
