@@ -146,8 +146,10 @@ class SettingsDialog(QDialog):
 
         self.speculative = QCheckBox("Use the drafter (speculative decoding)")
         self.speculative.setChecked(settings.speculative)
-        self.fixed = QRadioButton("Fixed draft length")
-        self.adaptive = QRadioButton("Adaptive: stop drafting when the risk of rejection exceeds γ")
+        self.fixed = QRadioButton("Draft while a token pays for itself, up to")
+        self.fixed.setToolTip("Drafting stops where the next token's chance no longer covers its cost, "
+                              "as measured on this computer")
+        self.adaptive = QRadioButton("Stop drafting when the risk of rejection exceeds γ")
         group = QButtonGroup(self)
         group.addButton(self.fixed)
         group.addButton(self.adaptive)
@@ -221,7 +223,8 @@ class SettingsDialog(QDialog):
 
     def _server_box(self, settings: Settings, status: str) -> QGroupBox:
         """Settings → Local server: the OpenAI-compatible server on the app's engine."""
-        self.server_on = QCheckBox("Serve the target over an OpenAI-compatible API (for editors and tools)")
+        self.server_on = QCheckBox("Serve the target over an OpenAI-compatible API")
+        self.server_on.setToolTip("For editors and tools on this computer (or, with an API key, others)")
         self.server_on.setChecked(settings.server_enabled)
         self.server_host = QLineEdit(settings.server_host)
         self.server_host.setToolTip("127.0.0.1: this machine only. Any other address needs an API key")

@@ -388,6 +388,9 @@ class Engine:
         """Settings from the GUI (core.settings.Settings)."""
         self.draft_settings.k = int(getattr(settings, "draft_length", self.draft_settings.k))
         self.draft_settings.gamma = getattr(settings, "adaptive_gamma", None)
+        # γ chosen: the paper's stop rule decides; else drafting is priced by this
+        # machine's measured costs (DraftPrices), k the most it drafts.
+        self.draft_settings.priced = self.draft_settings.gamma is None
         self.learning.set_threads(int(getattr(settings, "learner_threads", self.learn_settings.threads)))
         self.context_tokens = int(getattr(settings, "context_tokens", 0))
 

@@ -121,6 +121,23 @@ def test_the_context_length_setting_is_bounded_by_the_models(engine):
     assert engine.context_limit() == window - 512
 
 
+def test_choosing_gamma_in_settings_makes_the_drafter_stop_by_it(engine):
+    """Settings' γ rule replaces priced drafting (which would otherwise decide once
+    this machine's costs are measured); the default goes back to priced."""
+    from omnidraft.core.storage.settings import Settings
+
+    try:
+        engine.apply_settings(Settings(adaptive_gamma=0.3))
+        assert engine.drafter.settings is engine.draft_settings and not engine.draft_settings.priced
+        # A price every chance covers would draft on; γ stops once the risk passes 0.3.
+        assert engine.drafter._stop(0.9, 0.6, price=0.0)
+        assert not engine.drafter._stop(0.9, 0.8, price=0.0)
+    finally:
+        engine.apply_settings(Settings())
+    assert engine.draft_settings.priced and engine.draft_settings.gamma is None
+    assert not engine.drafter._stop(0.9, 0.6, price=0.0)
+
+
 @pytest.mark.parametrize("refused", [
     "x " * (MAX_MESSAGE_CHARS // 2 + 1),  # refused for its length in characters
     " ".join(f"w{j}" for j in range(4000)),  # beyond the model's context on its own

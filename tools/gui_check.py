@@ -13,7 +13,9 @@ screenshots of the window, the charts and the settings dialog.
 --attach FILE attaches files to the first prompt (the engine counts their tokens);
 --search TEXT searches the chats' messages from the sidebar at the end. With
 --shots, the attached chips, the search results and the last reply's code block
-get a screenshot each (attach.png, search.png, code-highlighting.png).
+get a screenshot each (attach.png, search.png, code-highlighting.png), and
+battery.png shows the status bar as the worker leaves it when learning waits for
+mains power (the worker's event, sent to the window: no battery needed).
 
 User data goes to a fresh temporary OMNIDRAFT_HOME; --cache points its cache
 at an existing one (converted weights) so models are not converted again.
@@ -170,6 +172,13 @@ async def drive(window, args, shots: Path | None) -> dict:
         await until(lambda: window.sidebar.results.count() > 0 or window.sidebar.results_title.isVisible(), 10)
         await asyncio.sleep(0.3)
         window.grab().save(str(shots / "search.png"))
+        # No battery here: the status bar as the worker's "paused on battery" leaves it.
+        from omnidraft.core.worker.power import BATTERY_STATUS
+        from omnidraft.core.worker.protocol import LearningProgress
+
+        window.bridge.event.emit(LearningProgress(window.targets.current, BATTERY_STATUS))
+        await asyncio.sleep(0.3)
+        window.statusBar().grab().save(str(shots / "battery.png"))
     return {
         "target": window.targets.current,
         "load_seconds": round(load_s, 1),

@@ -196,7 +196,7 @@ class TurnDone:
 @dataclass
 class LearningProgress:
     model_id: str
-    state: str  # "running", "paused", "waiting", "idle"
+    state: str  # "running", "paused", "waiting", "idle", or power.BATTERY_STATUS
     steps: int = 0
     samples: int = 0
     loss: float | None = None
