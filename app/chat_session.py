@@ -95,6 +95,10 @@ class ChatSession(QObject):
         self.store, self.bridge, self.targets = store, bridge, targets
         self.settings = settings  # the window's current settings, read at each request
         self.active: ActiveReply | None = None
+        # A message sent while the engine starts waits here for its first load to be
+        # asked for: the worker serves requests in order, and a chat before any
+        # load would find no model.
+        self._held: ChatRequest | None = None
         self._save_timer = QTimer(self, singleShot=True, interval=SAVE_EVERY_MS)
         self._save_timer.timeout.connect(self._save_partial)
 
@@ -133,20 +137,27 @@ class ChatSession(QObject):
         """Ask the engine to stop the reply; its TurnDone (cancelled) finishes it."""
         if self.active is None:
             return False
+        if self._held is not None:  # never sent: nothing for the engine to stop
+            self._held = None
+            self.finish(self.active.text, "cancelled")
+            return True
         self.bridge.send(CancelRequest(self.active.request_id))
         return True
 
     def interrupt(self, reason: str) -> None:
         """Finish the reply now with what has streamed ("closed", "worker_died")."""
         if self.active is not None:
-            if reason == "closed":
+            if reason == "closed" and self._held is None:
                 self.bridge.send(CancelRequest(self.active.request_id))
+            self._held = None
             self.finish(self.active.text, reason)
 
     def drop(self, conv_id: str) -> None:
         """The conversation is being deleted: stop its reply without saving it."""
         if self.active is not None and self.active.conv_id == conv_id:
-            self.bridge.send(CancelRequest(self.active.request_id))
+            if self._held is None:
+                self.bridge.send(CancelRequest(self.active.request_id))
+            self._held = None
             self.active = None
             self._save_timer.stop()
             self.busy_changed.emit(False)
@@ -183,9 +194,22 @@ class ChatSession(QObject):
         self.active = ActiveReply(request.request_id, conv_id, message, sent, prefix, prefix, drafted)
         self.started.emit(conv_id)
         self.busy_changed.emit(True)
+        if self.targets.ready:
+            self._send(request)
+        else:
+            self._held = request
+
+    def engine_ready(self) -> None:
+        """The worker is up and its first load was asked for: a message sent while it
+        started goes now, after that load."""
+        request, self._held = self._held, None
+        if request is not None and self.active is not None:
+            self._send(request)
+
+    def _send(self, request: ChatRequest) -> None:
         if not self.bridge.send(request):
             self.active.error = NOT_RUNNING
-            self.finish(prefix, "error")
+            self.finish(self.active.prefix, "error")
 
     # ------------------------------------------------------------ engine events
 

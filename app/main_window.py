@@ -257,6 +257,7 @@ class MainWindow(QMainWindow):
         self.stall.leave("engine start")
         self.bridge.send(UpdateSettings(self.bridge.next_id(), self.settings.to_dict()))
         self.targets.on_ready(event)
+        self.session.engine_ready()
 
     def _on_loaded(self, event: ModelLoaded) -> None:
         self.charts.set_current_target(event.model_id)
@@ -333,6 +334,7 @@ class MainWindow(QMainWindow):
     def restart_engine(self) -> None:
         self.server.worker_lost("The engine was restarted; this request was lost. Try again.")
         self.session.interrupt("worker_died")
+        self.targets.forget_requests()
         self.targets.busy()
         self._status("Restarting the engine…")
         self.bridge.restart_now()

@@ -42,6 +42,9 @@ class TargetControl(QObject):
         self.bridge, self.menu, self.banner, self.stall = bridge, menu, banner, stall
         self.wanted = wanted  # catalog id or path to load (again after a restart)
         self.current: str | None = None  # id of the model that is loaded
+        # The worker said it is ready and was asked for its model: requests sent
+        # from now on queue behind that load.
+        self.ready = False
         self.context_window = 0  # the most tokens it reads (0: not known yet)
         # Requests still unanswered, by request id: what each load or add asked for.
         self.loads: dict[int, str] = {}  # SwitchTarget id -> the id or path asked for
@@ -82,9 +85,10 @@ class TargetControl(QObject):
             self.status.emit(f"Checking {path}…", 0)
 
     def forget_requests(self) -> None:
-        """A fresh worker knows nothing of earlier requests."""
+        """A fresh worker knows nothing of earlier requests (nor is it ready yet)."""
         self.loads.clear()
         self.adds.clear()
+        self.ready = False
 
     def forget_loaded(self) -> None:
         """The learned state is gone (Clear all data): load the wanted model afresh,
@@ -100,6 +104,7 @@ class TargetControl(QObject):
         self.menu.set_catalog(event.catalog)
         self.forget_requests()
         self.request(self.wanted)
+        self.ready = True
 
     def on_catalog(self, event: CatalogChanged) -> None:
         self.adds.pop(event.request_id, None)

@@ -250,3 +250,40 @@ def test_context_length_setting_is_offered_up_to_the_models(scripted, qtbot):
     assert dialog.changes()["context_tokens"] == 2048
     win.apply_settings(dialog.changes())
     assert win.settings.context_tokens == 2048
+
+
+def test_a_message_sent_while_the_engine_starts_is_answered_after_its_first_load(home, qapp, qtbot):
+    """Typed before the worker is ready, a message waits for the load the window then
+    asks for, and is sent after it (the worker serves in order); one stopped while it
+    waits never reaches the engine."""
+    from omnidraft.core.worker.protocol import SwitchTarget
+
+    worker = ScriptedWorker()
+    win = MainWindow(target="model-a", handle=worker)
+    try:
+        win.pane.send_message("Hello before the engine is up")
+        assert worker.sent == []  # nothing reaches a worker that is not ready
+        assert win.session.active is not None  # the reply is on its way, not an error
+        win.on_event(WorkerReady(1, [ModelEntry("model-a", "Model A", "/a")]))
+        kinds = [type(r) for r in worker.sent]
+        assert kinds.index(SwitchTarget) < kinds.index(ChatRequest)
+        request = last_chat_request(worker)
+        assert request.messages[-1]["content"] == "Hello before the engine is up"
+        switch = next(r for r in worker.sent if isinstance(r, SwitchTarget))
+        win.on_event(ModelLoaded(switch.request_id, "model-a", "Model A", 0.1, None))
+        win.on_event(TokenBatch(request.request_id, [("Hi there.", False)]))
+        win.on_event(TurnDone(request.request_id, "Hi there.", "eos", None, "model-a", None))
+        conv_id = win.pane.current_conv
+        assert on_disk(win, conv_id)[-1]["content"] == "Hi there."
+
+        # The engine dies and restarts; a message sent meanwhile and stopped is never sent.
+        win._on_worker_died("The engine stopped unexpectedly.")
+        sent_before = len(worker.sent)
+        win.pane.send_message("Never mind")
+        assert win.pane.stop_reply() is None and win.session.active is None
+        assert on_disk(win, conv_id)[-1]["finish_reason"] == "cancelled"
+        win.on_event(WorkerReady(1, [ModelEntry("model-a", "Model A", "/a")]))
+        assert not [r for r in worker.sent[sent_before:] if isinstance(r, ChatRequest)]
+    finally:
+        win.close()
+        dispose(qapp, win)
