@@ -268,6 +268,10 @@ class StreamRun:
             "proposed": s.proposed, "accepted": s.accepted,
             "own_proposed": own_proposed, "own_accepted": s.accepted - s.lookup_accepted,
             "own_acceptance": (s.accepted - s.lookup_accepted) / own_proposed if own_proposed else None,
+            # Where a step's time goes: a learned adapter and head may draft further
+            # and cost more a step than they gain in acceptance.
+            "draft_seconds": s.draft_seconds, "drafter_prompt_seconds": s.drafter_prompt_seconds,
+            "verify_seconds": s.verify_seconds, "first_token_seconds": s.first_token_seconds,
             "identical": mine.ids == plain.ids if greedy else None,
         }
 

@@ -688,6 +688,7 @@ def test_a_stream_is_scored_turn_by_turn_against_a_frozen_twin_and_charted(tiny_
     for t in turns:
         assert t["learner"]["identical"] and t["twin"]["identical"]
         assert t["learner"]["forwards"] >= 1 and t["plain"]["seconds"] > 0
+        assert t["learner"]["draft_seconds"] > 0 and t["twin"]["verify_seconds"] > 0
         assert t["learn"]["steps"] >= 1 and t["learn"]["delay_ms"] >= 0
     first, again = s["segments"]
     assert first["turns"] == 4 and again["turns"] == 2 and again["first_turn"] == 4
