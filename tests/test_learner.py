@@ -177,6 +177,29 @@ def test_a_kept_partial_step_is_dropped_when_its_batch_changes(parts):
     assert not learner.step()["interrupted"] and read == [1, 2, 3]
 
 
+def test_should_stop_is_asked_inside_each_layer_not_only_between_layers(parts):
+    """A target layer over a long prompt runs for longer than a reply may wait:
+    should_stop is asked after each of a layer's projections too."""
+    make, buffer, _, samples = parts
+    learner = make(batch_size=1)
+    asked = {"n": 0}
+
+    def should_stop():
+        asked["n"] += 1
+        return False
+
+    _fill(buffer, samples[:1])
+    learner.step(should_stop)
+    layers = len(learner_layers(learner.target_model)) + len(learner_layers(learner.drafter_model))
+    assert asked["n"] >= 7 * layers  # q, k, v, o, gate, up, down at least
+
+
+def learner_layers(model):
+    from omnidraft.core.learning.learner import _decoder_layers
+
+    return _decoder_layers(model)
+
+
 def test_should_stop_interrupts_the_backward(parts):
     make, buffer, store, samples = parts
     learner = make(batch_size=1)

@@ -424,9 +424,9 @@ def _checker(should_stop: ShouldStop) -> Check:
 
 
 def _stop_hooks(model, check: Check) -> list:
-    """Forward hooks on every decoder layer that call check(), and, on outputs
-    that carry grad, backward hooks that do the same; the LM head computed in
-    slices of rows with a check between them (Gemma's 262k-word head over a
+    """Forward hooks on every decoder layer, and on every part of one, that call
+    check(), and, on layer outputs that carry grad, backward hooks that do the same;
+    the LM head computed in slices of rows with a check between them (Gemma's 262k-word head over a
     reply is ~0.2 s on one core). So neither a long forward nor a long backward
     delays a request. Returns handles with remove()."""
 
@@ -440,7 +440,16 @@ def _stop_hooks(model, check: Check) -> list:
         if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
             hidden.register_hook(check_grad)
 
-    handles = [layer.register_forward_hook(after_layer) for layer in _decoder_layers(model)]
+    def after_part(module, args, output):
+        check()
+
+    layers = _decoder_layers(model)
+    handles = [layer.register_forward_hook(after_layer) for layer in layers]
+    # And after every part of a layer (each projection, norm, activation): one
+    # projection over a long prompt takes ~0.1 s on one core, a whole target layer
+    # several times that, more than a reply may wait for learning.
+    handles += [part.register_forward_hook(after_part) for layer in layers
+                for part in layer.modules() if part is not layer and next(part.children(), None) is None]
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear:  # exactly F.linear, so slicing the rows changes nothing
         handles.append(_SlicedHead(head, check, check_grad))
