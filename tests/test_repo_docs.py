@@ -55,7 +55,7 @@ def test_every_kept_result_file_is_cited_by_a_doc():
 
 
 # A doc a reader finishes: the product as it is today, not the history of it.
-DOC_LINES = {"README.md": 180, "docs/performance.md": 350, "docs/learning.md": 230}
+DOC_LINES = {"README.md": 180, "docs/performance.md": 350, "docs/learning.md": 235}
 
 
 @pytest.mark.parametrize("name", sorted(DOC_LINES))
