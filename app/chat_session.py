@@ -141,26 +141,30 @@ class ChatSession(QObject):
             self._held = None
             self.finish(self.active.text, "cancelled")
             return True
-        self.bridge.send(CancelRequest(self.active.request_id))
+        self._cancel()
         return True
 
     def interrupt(self, reason: str) -> None:
         """Finish the reply now with what has streamed ("closed", "worker_died")."""
         if self.active is not None:
-            if reason == "closed" and self._held is None:
-                self.bridge.send(CancelRequest(self.active.request_id))
+            if reason == "closed":
+                self._cancel()
             self._held = None
             self.finish(self.active.text, reason)
 
     def drop(self, conv_id: str) -> None:
         """The conversation is being deleted: stop its reply without saving it."""
         if self.active is not None and self.active.conv_id == conv_id:
-            if self._held is None:
-                self.bridge.send(CancelRequest(self.active.request_id))
-            self._held = None
+            self._cancel()
             self.active = None
             self._save_timer.stop()
             self.busy_changed.emit(False)
+
+    def _cancel(self) -> None:
+        """Stop the active reply's request: the engine's if it was sent, else the held one."""
+        if self._held is None:
+            self.bridge.send(CancelRequest(self.active.request_id))
+        self._held = None
 
     # ------------------------------------------------------------ requests
 
