@@ -46,6 +46,7 @@ from omnidraft.bench.stream import (
     measure_stream,
     read_stream,
     segment_arg,
+    turns_arg,
     write_chart,
 )
 from omnidraft.core.engine import Engine, InputError
@@ -130,25 +131,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--then", type=segment_arg, action="append", default=[], metavar="FILE[:N]",
                    help="with --stream: go on with this stream's first N turns (all without :N); repeatable")
-    p.add_argument("--turns", type=int, default=None, metavar="N", help="with --stream: its first N turns")
+    p.add_argument("--turns", type=turns_arg, default=None, metavar="N|A-B",
+                   help="with --stream: its first N turns, or turns A to B (counted from 1)")
     p.add_argument("--idle-s", type=float, default=20.0,
                    help="with --stream: seconds the learner gets after each reply (default 20)")
+    p.add_argument("--oracle", type=int, default=None, metavar="PASSES",
+                   help="with --stream: the ceiling of learning; the learner first trains PASSES passes over the "
+                        "turns' own replies, then is scored frozen against the untrained twin (bench/stream.py)")
     p.add_argument("--chart", type=Path, default=None, metavar="FILE.png",
                    help="with --stream: the curves, learner against twin, as a PNG")
     args = p.parse_args(argv)
     if (args.prompts is None) == (args.stream is None):
         p.error("give --prompts, or --stream for a stream of chat turns")
-    if args.stream is None and (args.then or args.turns is not None or args.chart):
-        p.error("--then, --turns and --chart go with --stream")
+    if args.stream is None and (args.then or args.turns is not None or args.chart or args.oracle is not None):
+        p.error("--then, --turns, --oracle and --chart go with --stream")
     if args.stream is not None:
         if args.adapt:
             p.error("--adapt and --stream exclude each other: a stream learns as it goes")
-        if args.turns is not None and args.turns < 1:
-            raise BenchError("--turns must be at least 1")
+        if args.oracle is not None and args.oracle < 1:
+            raise BenchError("--oracle needs at least 1 pass")
         if not args.idle_s >= 0:
             raise BenchError("--idle-s must be 0 or more seconds")
         if args.turns is not None:
-            args.stream.turns = args.turns
+            args.stream.first, args.stream.turns = args.turns
         args.stream_segment = args.stream
         for segment in (args.stream, *args.then):  # a bad file is named before any model loads
             read_stream(segment)

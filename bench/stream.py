@@ -29,6 +29,13 @@ reply.
 `--then FILE[:N]` (repeatable) goes on with another stream's first N turns (or
 all of them), the same learner and twin carried over: `--stream A --turns 200
 --then B:50 --then A:50` is A, then B, then A's first 50 turns again.
+
+`--oracle PASSES` measures the stream's ceiling for learning: before scoring,
+the learner records every turn's reply (plain decoding's own, under greedy) and
+trains PASSES passes over them, its n-gram cache and drafting policy left as
+they were; it is then scored frozen (no idle budget) against the untrained twin.
+Its gain over the twin is what a drafter that has seen the answers gets from
+its adapter and acceptance head, more than any learning from the stream can.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import shlex
 import sys
 import time
@@ -48,6 +56,7 @@ from omnidraft.core.decoding.drafter import Drafter
 from omnidraft.core.decoding.sampling import GenerationConfig
 from omnidraft.core.engine import Engine
 from omnidraft.core.events import TurnFinished, TurnStats
+from omnidraft.core.learning.replay_buffer import Sample
 
 from .runners import BenchError, count_forwards, swapped
 
@@ -59,7 +68,8 @@ WINDOW = 10  # turns in a rolling mean (the chart, a segment's adaptation)
 @dataclass
 class Segment:
     path: Path
-    turns: int | None  # None: all of the file's turns
+    turns: int | None  # None: all of the file's turns (from `first` on)
+    first: int = 0  # the 0-based index of the segment's first turn in its file
 
     @property
     def name(self) -> str:
@@ -76,18 +86,49 @@ def segment_arg(text: str) -> Segment:
     return Segment(Path(text), None)
 
 
+def turns_arg(text: str) -> tuple[int, int | None]:
+    """argparse type of --turns: N (the first N turns) or A-B (turns A to B, from 1):
+    (index of the first turn, number of turns)."""
+    first, sep, last = text.partition("-")
+    try:
+        a, b = (int(first), int(last)) if sep else (1, int(first))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text}: give N (the first N turns) or A-B (turns A to B)") from None
+    if a < 1 or b < a:
+        raise argparse.ArgumentTypeError(f"{text}: turns count from 1, and A-B needs A <= B")
+    return a - 1, b - a + 1
+
+
 def read_stream(segment: Segment) -> list[dict]:
-    """A stream's turns: JSONL lines {"prompt", optional "id" and "conversation"}."""
+    """A stream's turns: JSONL lines {"prompt", optional "id" and "conversation"}.
+    A segment starting mid-conversation starts that conversation afresh."""
     from .cli import read_prompts  # the same reading and messages as --prompts
 
     path = segment.path
+    end = None if segment.turns is None else segment.first + segment.turns
     rows = []
-    for n, row in enumerate(read_prompts(path, segment.turns), 1):
+    for n, row in enumerate(read_prompts(path, end), 1):
         if not row["prompt"].strip():
             raise BenchError(f'{path}: turn {n} has an empty "prompt"')
         rows.append({"id": str(row.get("id", f"{path.stem}-{n}")),
                      "conversation": row.get("conversation"), "prompt": row["prompt"]})
-    return rows
+    if len(rows) <= segment.first:
+        raise BenchError(f"{path} has {len(rows)} turns: none from turn {segment.first + 1} on")
+    return rows[segment.first:]
+
+
+def with_history(rows: list[dict], reply: Callable[[dict, list[dict]], str]) -> None:
+    """Each turn's messages as the app sends them: a follow-up carries its
+    conversation's earlier turns and replies. reply(row, messages) decodes the
+    turn and returns the reply's text."""
+    history: list[dict] = []
+    conversation = None
+    for row in rows:
+        if row["conversation"] is None or row["conversation"] != conversation:
+            history = []
+        conversation = row["conversation"]
+        messages = [*history, {"role": "user", "content": row["prompt"]}]
+        history = [*messages, {"role": "assistant", "content": reply(row, messages)}]
 
 
 @dataclass
@@ -157,17 +198,51 @@ class StreamRun:
         self.twin = Twin.of(self.engine)
 
     def run(self, segment: int, rows: list[dict]) -> None:
-        history: list[dict] = []
-        conversation = None
-        for row in rows:
-            if row["conversation"] is None or row["conversation"] != conversation:
-                history = []
-            conversation = row["conversation"]
-            messages = [*history, {"role": "user", "content": row["prompt"]}]
+        def scored(row: dict, messages: list[dict]) -> str:
             record = self.turn(len(self.records), segment, row, messages)
-            history = [*messages, {"role": "assistant", "content": record["reply"]}]
             if self.after_turn is not None:
                 self.after_turn()
+            return record["reply"]
+
+        with_history(rows, scored)
+
+    def study(self, streams: list[list[dict]], passes: int) -> dict:
+        """The oracle (module doc): record every turn's reply, then train `passes`
+        passes over them, each turn once a pass. The n-gram cache and drafting
+        policy decode the turns as copies, so they learn nothing here."""
+        engine = self.engine
+        start = time.perf_counter()
+        cfg = GenerationConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
+
+        def recorded(_row: dict, messages: list[dict]) -> str:
+            engine.target.runner.cache.reset()
+            ids = self._decode(messages, cfg, True).ids  # recorded as the app records a turn
+            return engine.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+        with swapped(engine, draft_policy=copy.deepcopy(engine.draft_policy)), \
+                swapped(engine.bridge, cache=copy.deepcopy(engine.bridge.cache)):
+            for rows in streams:
+                with_history(rows, recorded)
+        samples = engine.buffer.samples()
+        decoded = time.perf_counter() - start
+        learner = engine.learner()
+        reviews, learner.reviews = learner.reviews, 0  # a pass is each turn once; its turns then leave
+        threads = engine.learn_settings.threads
+        engine.learning.set_threads(os.cpu_count() or 1)  # nothing else runs yet: every core learns
+        try:
+            for p in range(passes):
+                for s in samples if p else ():
+                    engine.buffer.add(Sample(**{**s.__dict__, "seq": -1}))
+                while (status := engine.idle_step()) is not None and status.state == "running":
+                    pass
+                print(f"oracle: pass {p + 1}/{passes} over {len(samples)} turns, "
+                      f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        finally:
+            learner.reviews = reviews
+            engine.learning.set_threads(threads)
+        engine.target.runner.cache.reset()
+        return {"passes": passes, "turns": len(samples), "decode_seconds": decoded,
+                "learn_seconds": time.perf_counter() - start - decoded, "learner_steps": learner.steps}
 
     def turn(self, index: int, segment: int, row: dict, messages: list[dict]) -> dict:
         engine = self.engine
@@ -317,6 +392,7 @@ def segment_figures(records: list[dict]) -> dict:
         "turns": len(records),
         "speedup_ratio_first_third": _share(lr["first_third"]["speedup"] or 0, tw["first_third"]["speedup"] or 0),
         "speedup_ratio_last_third": _share(lr["last_third"]["speedup"] or 0, tw["last_third"]["speedup"] or 0),
+        "speedup_ratio_all": _share(lr["all"]["speedup"] or 0, tw["all"]["speedup"] or 0),
         "own_acceptance_first_third": lr["first_third"]["own_acceptance"],
         "own_acceptance_last_third": lr["last_third"]["own_acceptance"],
         "own_acceptance_delta": _minus(lr["last_third"]["own_acceptance"], lr["first_third"]["own_acceptance"]),
@@ -372,7 +448,7 @@ def returning(earlier: list[dict], now: list[dict]) -> dict:
             "kept_share": now_gain / end_gain if now_gain is not None and end_gain else None}
 
 
-def stream_report(records: list[dict], segments: list[Segment], idle_s: float) -> dict:
+def stream_report(records: list[dict], segments: list[Segment], idle_s: float, oracle: dict | None = None) -> dict:
     by_segment = [[r for r in records if r["segment"] == s] for s in range(len(segments))]
     parts = []
     for s, (segment, rs) in enumerate(zip(segments, by_segment)):
@@ -393,7 +469,9 @@ def stream_report(records: list[dict], segments: list[Segment], idle_s: float) -
     first = parts[0]
     return {
         "file": str(segments[0].path),
+        "first_turn_in_file": segments[0].first + 1,
         "idle_s": idle_s,
+        "oracle": oracle,
         "turns": len(records),
         "first_segment_turns": first["turns"],
         # The headline figures: the first stream's segment.
@@ -419,7 +497,8 @@ def stream_report(records: list[dict], segments: list[Segment], idle_s: float) -
 
 
 def format_stream(stream: dict) -> str:
-    lines = [f"stream {stream['file']}: {stream['turns']} turns, idle budget {stream['idle_s']:g} s a turn",
+    lines = [(f"stream {stream['file']}: {stream['turns']} turns from turn {stream['first_turn_in_file']}, "
+              f"idle budget {stream['idle_s']:g} s a turn"),
              (f"{'segment':<24} {'turns':>5} {'own acc first->last (learner)':>30} {'(twin)':>14} "
               f"{'speedup last third learner/twin':>32} {'ratio':>6}")]
     for part in stream["segments"]:
@@ -433,6 +512,10 @@ def format_stream(stream: dict) -> str:
     if same["learner"] is not None:
         lines.append(f"replies identical to plain decoding: learner {same['learner']}/{same['turns']}, "
                      f"twin {same['twin']}/{same['turns']}")
+    if (oracle := stream["oracle"]) is not None:
+        lines.append(f"oracle: {oracle['passes']} passes over the {oracle['turns']} turns' replies before scoring "
+                     f"({oracle['learn_seconds']:.0f} s); speedup over the twin on all turns "
+                     f"{_fmt(stream['speedup_ratio_all'], '.3f')}")
     lines.append(f"learning: {stream['learner_steps']} steps, {stream['learn_seconds']:.1f} s; longest delay of a "
                  f"reply {_fmt(stream['learn_delay_ms_max'], '.0f')} ms ({stream['learn_delays_over_target']} over "
                  f"{DELAY_TARGET_MS} ms)")
@@ -512,6 +595,9 @@ def measure_stream(args: argparse.Namespace, engine: Engine) -> dict:
     with run.twin.in_engine(engine):
         run._decode(warm, cfg, True)
     engine.evaluating = False
+    oracle = run.study(streams, args.oracle) if args.oracle else None
+    if oracle is not None:
+        run.idle_s = 0.0  # scored frozen: it learned the answers beforehand
 
     def report(complete: bool) -> dict:
         return {
@@ -526,7 +612,7 @@ def measure_stream(args: argparse.Namespace, engine: Engine) -> dict:
             "temperature": args.temperature,
             "seed": args.seed,
             "chat": True,
-            "stream": stream_report(run.records, segments, args.idle_s),
+            "stream": stream_report(run.records, segments, run.idle_s, oracle),
             "turns": run.records,
             "state_dir": str(args.state_dir) if args.state_dir else None,
             "wall_seconds": time.perf_counter() - start,

@@ -1,5 +1,6 @@
 """omnidraft-bench end to end on a tiny random model with the real SmolLM2 tokenizer."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -721,6 +722,33 @@ def test_the_twin_stays_frozen_while_the_learner_learns_and_both_reply_as_plain_
     assert sum(r["learn"]["steps"] for r in run.records) >= 3
 
 
+@pytest.mark.timeout(900)
+def test_the_oracle_learns_the_stream_s_own_replies_before_it_is_scored(target_dir):
+    """--oracle: every turn recorded and trained on, pass after pass, before
+    scoring; the n-gram cache and drafting policy learn nothing from it, the twin
+    stays untrained, and the scored replies stay plain decoding's."""
+    from omnidraft.bench import stream
+
+    from tests.tiny import learning_engine
+
+    engine = learning_engine(target_dir)
+    run = stream.StreamRun(engine, max_new_tokens=6, idle_s=0.0)
+    context = list(range(5, 25))
+    twin_before, learner_before = run.twin.drafter.score(context), engine.drafter.score(context)
+    cache_before, policy_before = dict(engine.bridge.cache.entries), copy.deepcopy(engine.draft_policy)
+    rows = [{"id": f"t{i}", "conversation": c, "prompt": p} for i, (c, p) in enumerate(STREAM_TURNS[:3])]
+    oracle = run.study([rows], passes=2)
+
+    assert oracle["passes"] == 2 and oracle["turns"] == 3 and oracle["learner_steps"] >= 2
+    assert dict(engine.bridge.cache.entries) == cache_before
+    assert engine.draft_policy == policy_before
+    assert not torch.allclose(engine.drafter.score(context), learner_before)  # it drafts with what it learned
+    assert torch.equal(run.twin.drafter.score(context), twin_before)
+    run.run(0, rows)
+    assert all(r["learner"]["identical"] and r["twin"]["identical"] and r["learn"]["steps"] == 0
+               for r in run.records)
+
+
 def test_stream_options_are_checked_before_anything_loads(tmp_path, capsys):
     stream = _stream_file(tmp_path / "s.jsonl")
     assert cli.main(["--target", "x"]) == 2
@@ -739,3 +767,13 @@ def test_stream_options_are_checked_before_anything_loads(tmp_path, capsys):
     with pytest.raises(runners.BenchError, match="empty .prompt"):
         stream_mod.read_stream(stream_mod.segment_arg(str(bad)))
     assert [r["id"] for r in stream_mod.read_stream(stream_mod.segment_arg(f"{stream}:2"))] == ["t0", "t1"]
+    # --turns A-B: turns A to B, counted from 1
+    middle = stream_mod.Segment(stream, *reversed(stream_mod.turns_arg("3-5")))
+    assert [r["id"] for r in stream_mod.read_stream(middle)] == ["t2", "t3", "t4"]
+    assert stream_mod.turns_arg("4") == (0, 4)
+    for bad_turns in ("0", "5-3", "x", "2-"):
+        assert cli.main(["--target", "x", "--stream", str(stream), "--turns", bad_turns]) == 2
+    assert cli.main(["--target", "x", "--stream", str(stream), "--turns", "9-10"]) == 2
+    assert "none from turn 9 on" in capsys.readouterr().err
+    assert cli.main(["--target", "x", "--stream", str(stream), "--oracle", "0"]) == 2
+    assert "--oracle needs at least 1 pass" in capsys.readouterr().err
