@@ -14,6 +14,11 @@ machine.
   learning_sweep      the learner's settings offline: how fast the drafter learns a target
   speed_floor         memory bandwidth, the decoding floor it sets, CPU matmul kernels' costs
   memory_soak         the engine worker's memory over a long session with learning on
+  load_footprint      a target's load time and RSS, peak and after a first reply, in a fresh process
+  synthetic_gguf      writes a 7B-shaped GGUF (Q4_K_M mix, random blocks) to time a large target
+  code_block_stall    the chat window's event-loop stalls over a long highlighted code block
+  search_index_size   the search index's memory and query time over many chats
+  bundle_check        the built desktop bundle started as a new user would: window, first reply
   gui_check           the real desktop app driven once: event-loop stalls, screenshots
   make_streams        builds eval/streams/: one person's chat streams for
                       `omnidraft-bench --stream` (nothing timed, no model loaded)
