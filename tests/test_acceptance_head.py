@@ -197,11 +197,11 @@ def test_the_head_learns_what_the_hidden_state_says_about_acceptance():
     its mean chance comes to match the observed rate."""
     gen = torch.Generator().manual_seed(0)
     width, turns = 32, []
-    for _ in range(8):
-        hidden = torch.randn(40, width, generator=gen)
+    for _ in range(2):  # two long turns: the same 320 labels as many short ones, in fewer loss calls
+        hidden = torch.randn(160, width, generator=gen)
         labels = (hidden[:, 3] > 0.5).float().tolist()  # ~30% accepted
-        logits = torch.randn(40, 100, generator=gen)
-        turns.append(head_example(hidden, logits, 0.0, [[r] for r in range(40)], labels))
+        logits = torch.randn(160, 100, generator=gen)
+        turns.append(head_example(hidden, logits, 0.0, [[r] for r in range(160)], labels))
     head = AcceptanceHead(width)
     optimizer = torch.optim.AdamW(head.parameters(), lr=LR, weight_decay=0.0)
     for _ in range(400 * STEPS):

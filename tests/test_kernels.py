@@ -843,11 +843,10 @@ def test_the_one_call_stack_gives_the_same_bits_on_any_number_of_threads(build, 
         torch.set_num_threads(before)
 
 
-# The generic build with heads of 16 only: its attention takes no other path for
-# 64, and its plain-C products of the torch layers' 560-row reference are slow.
+# The generic build with heads of 16 only: its attention takes no other path for 64.
 @pytest.mark.parametrize("window, head_dim, build", [(0, 16, None), (40, 16, None), (0, 64, None), (40, 64, None),
                                                      (0, 16, "generic"), (40, 16, "generic")])
-def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, head_dim, build, qwen_tok):
+def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(window, head_dim, build):
     """Past 256 positions a query's softmax runs in parts folded in order; where the
     key/value heads do not split evenly between the threads (SmolLM2's 3 on 2) a
     step's tasks are a head's parts, merged after. A long prompt, a block of rows
@@ -862,7 +861,9 @@ def test_attention_past_a_softmax_part_keeps_its_bits_on_any_number_of_threads(w
 
     from tests.tiny import tiny_llama
 
-    net = LeanLlama(tiny_llama(len(qwen_tok), seed=5, kv_heads=3, head_dim=head_dim), int8=True, int4=True,
+    # A small vocabulary: the logits' product is not what is tested, and at a real
+    # one's 152k rows it was most of the test's time.
+    net = LeanLlama(tiny_llama(4096, seed=5, kv_heads=3, head_dim=head_dim), int8=True, int4=True,
                     max_len=1024, window=window)
     stack = net.stack
     assert stack is not None and net.n_kv == 3

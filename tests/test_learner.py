@@ -1,5 +1,6 @@
 """The online learner on a tiny cross-vocabulary pair (SmolLM2 vocab -> Gemma vocab)."""
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -250,10 +251,16 @@ def test_interruption_points_change_no_number(parts, monkeypatch):
 
 
 def _in_backward() -> bool:
-    """Whether the caller runs inside autograd's backward pass."""
-    import inspect
-
-    return any(f.function in ("check_grad",) for f in inspect.stack()[1:6])
+    """Whether the caller runs inside autograd's backward pass (a frame walk:
+    inspect.stack() reads every frame's source, seconds over a step's checks)."""
+    frame = sys._getframe(1)
+    for _ in range(5):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "check_grad":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def test_learner_needs_the_stores_drafter(parts, smol_tok, target):
@@ -285,7 +292,7 @@ def test_the_drafter_meets_few_shapes_and_padding_changes_no_loss(parts, monkeyp
         lambda module, args, kwargs: shapes.add(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
     cuts = []
     with torch.no_grad():
-        for s in samples:
+        for s in samples[:2]:  # a sample's every length: enough lengths to pad
             for cut in range(s.drafter_prompt_len + 2, len(s.drafter_ids) + 1):
                 cuts.append(replace(s, drafter_ids=s.drafter_ids[:cut]))
         padded = [learner.sample_loss(model, s) for s in cuts]
