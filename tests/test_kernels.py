@@ -957,3 +957,23 @@ def test_a_learned_adapter_runs_beside_the_4_bit_weights_and_keeps_its_effect(qw
     # script measures ~0.25-0.46 for changes this size.
     assert torch.nn.functional.cosine_similarity(change(int8=True, int4=True), wanted, dim=0) > 0.75
     assert torch.nn.functional.cosine_similarity(change(int8=True), wanted, dim=0) > 0.65
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # random bytes: some fp16 scales are NaN
+@pytest.mark.parametrize("file_type, read", [(layouts.Q4_K, layouts.read_q4_k), (layouts.Q6_K, layouts.read_q6_k),
+                                             (layouts.Q5_0, layouts.read_q5_0), (layouts.Q8_0, layouts.read_q8_0)])
+def test_a_large_matrix_read_a_slice_of_rows_at_a_time_packs_to_the_same_bytes(file_type, read, monkeypatch):
+    """A file's matrix read and packed a slice of rows at a time (the last slice
+    shorter) is byte for byte the whole matrix read and packed at once, and its
+    form runs as a QuantLinear of the same layout."""
+    n, k = 80, 512
+    weights, block = layouts._FILE_BLOCKS[file_type]
+    raw = torch.randint(0, 256, (n * k // weights * block + 64,), generator=torch.Generator().manual_seed(3),
+                        dtype=torch.uint8).numpy().tobytes()
+    whole = read(raw, 64, n, k)
+    monkeypatch.setattr(layouts, "PACK_WEIGHTS", 32 * k)  # slices of 32 rows: 32, 32, 16
+    sliced = layouts.read_packed(read, file_type, raw, 64, n, k)
+    assert (sliced.kind, sliced.bits) == (whole.kind, whole.bits)
+    assert torch.equal(sliced.packed(), whole.packed())
+    layer = quant_linear(torch.nn.Linear(k, n, bias=False), sliced)
+    assert layer.kind == whole.kind and layer.kernel_weights[0] is sliced.data

@@ -265,6 +265,26 @@ def test_load_footprint_refuses(argv, message, capsys):
     assert message in refused("load_footprint", argv, capsys)
 
 
+def test_load_footprint_sees_a_passing_peak_of_anonymous_memory():
+    """The sampler's peak holds memory that came and went during the load: a 256 MiB
+    array held a fifth of a second, gone again before the sampler stops."""
+    import time
+
+    import numpy as np
+    import psutil
+
+    module = tool("load_footprint")
+    process = psutil.Process()
+    anon_before, file_before = module.split_rss(process)
+    assert anon_before > 0 and file_before > 0  # the interpreter's code is file-backed
+    with module._Sampler(process) as sampled:
+        held = np.ones(256 << 20, dtype=np.uint8)
+        time.sleep(0.2)
+        del held
+    assert sampled.peak_anon - anon_before > 200 << 20
+    assert module.split_rss(process)[0] < sampled.peak_anon - (200 << 20)
+
+
 # gui_check
 
 def test_gui_check_defaults():

@@ -9,7 +9,10 @@ without the plain-speed measurement), then writes one greedy reply. Reported:
 the GGUF file's size; the target's load seconds (loader.load) and the engine's
 (target, drafter, learned state); the process's peak RSS up to the end of the
 load (getrusage's maxrss); its RSS after the first reply; and that RSS against
-the budget of the file's size + 1 GiB.
+the budget of the file's size + 1 GiB. RSS counts file-backed pages too (the
+GGUF's mapped pages while they are read, the libraries' code), which the system
+can drop and re-read: each figure is also split into anonymous memory and
+file-backed pages (psutil's `shared`), the peaks sampled every 10 ms.
 
     .venv/bin/python -m omnidraft.tools.load_footprint
     .venv/bin/python -m omnidraft.tools.load_footprint --target gemma-3-270m --json footprint.json
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Self
 
 from .common import output_file, positive_int, tool_parser, write_json
 
@@ -56,6 +60,42 @@ def _link_assembled(home: Path) -> list[str]:
     return linked
 
 
+class _Sampler:
+    """The highest anonymous and file-backed RSS while it runs, sampled on a thread."""
+
+    def __init__(self, process, every_s: float = 0.01):
+        import threading
+
+        self.process, self.every_s = process, every_s
+        self.peak_anon = self.peak_file = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        anon, file = split_rss(self.process)
+        self.peak_anon, self.peak_file = max(self.peak_anon, anon), max(self.peak_file, file)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+
+def split_rss(process) -> tuple[int, int]:
+    """(anonymous, file-backed) resident bytes: psutil's rss less its `shared`, and `shared`."""
+    info = process.memory_info()
+    shared = getattr(info, "shared", 0)  # Linux: RssFile + RssShmem
+    return info.rss - shared, shared
+
+
 def _measure(args: argparse.Namespace) -> dict:
     """In the fresh home's process: load, reply, and the figures."""
     import resource
@@ -77,7 +117,8 @@ def _measure(args: argparse.Namespace) -> dict:
     entry = engine.catalog.get(args.target)
     gguf = source_path(entry)  # already assembled: linked in
     start = time.perf_counter()
-    engine.load_target(args.target, measure_baseline=False)
+    with _Sampler(process) as sampled:
+        engine.load_target(args.target, measure_baseline=False)
     engine_seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     after_load = process.memory_info().rss
@@ -85,12 +126,15 @@ def _measure(args: argparse.Namespace) -> dict:
     messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
     done = next(e for e in engine.chat(messages, cfg) if isinstance(e, TurnFinished))
     after_reply = process.memory_info().rss
+    anon_after, file_after = split_rss(process)
     size = gguf.stat().st_size
     return {
         "target": args.target, "drafter": args.drafter, "file_bytes": size,
         "target_load_s": round(engine.target.load_seconds, 2), "engine_load_s": round(engine_seconds, 2),
         "rss_before_load": before, "peak_rss_during_load": peak_kib * 1024, "rss_after_load": after_load,
         "rss_after_first_reply": after_reply, "budget_bytes": size + BUDGET_OVER_FILE,
+        "peak_anon_during_load": sampled.peak_anon, "peak_file_backed_during_load": sampled.peak_file,
+        "anon_after_first_reply": anon_after, "file_backed_after_first_reply": file_after,
         "within_budget": after_reply <= size + BUDGET_OVER_FILE,
         "reply_tokens": done.stats.new_tokens, "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
@@ -122,9 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['target']} ({_gib(report['file_bytes'])} file), drafter {report['drafter']}, "
           f"{report['threads']} threads on {report['cpus']} CPUs (load average {report['load_average']})")
     print(f"  load: target {report['target_load_s']} s, engine {report['engine_load_s']} s")
-    print(f"  peak RSS during the load: {_gib(report['peak_rss_during_load'])}")
+    print(f"  peak RSS during the load: {_gib(report['peak_rss_during_load'])} (sampled peaks: "
+          f"anonymous {_gib(report['peak_anon_during_load'])}, "
+          f"file-backed {_gib(report['peak_file_backed_during_load'])})")
     print(f"  RSS after the first reply: {_gib(report['rss_after_first_reply'])} "
-          f"(budget {_gib(report['budget_bytes'])}: {'within' if report['within_budget'] else 'OVER'})")
+          f"(budget {_gib(report['budget_bytes'])}: {'within' if report['within_budget'] else 'OVER'}; "
+          f"anonymous {_gib(report['anon_after_first_reply'])}, "
+          f"file-backed {_gib(report['file_backed_after_first_reply'])})")
     write_json(args.json, report)
     return 0
 

@@ -125,6 +125,45 @@ def read_q8_0(buffer, offset: int, n: int, k: int) -> Q8:
     return Q8(torch.from_numpy(q.reshape(n, k)), torch.from_numpy(d.reshape(n, -1)))
 
 
+# Bytes a row of n weights takes in a file's layout, per weight type: (weights, bytes) a block.
+_FILE_BLOCKS = {Q4_K: (256, _Q4_K_BLOCK), Q6_K: (256, _Q6_K_BLOCK), Q5_0: (32, _Q5_0_BLOCK), Q8_0: (32, _Q8_0_BLOCK)}
+# Weights read and packed at a time (read_packed), in whole rows: unpacking a 7B's
+# whole output matrix (545M weights) held ~2.5 GB of temporaries at once, its load's peak.
+PACK_WEIGHTS = 1 << 25
+
+
+class Packed(NamedTuple):
+    """Weights already in the kernel's layout (read_packed); a form like the others
+    to QuantLinear."""
+
+    data: torch.Tensor
+    kind: int
+    bits: int
+
+    def packed(self) -> torch.Tensor:
+        return self.data
+
+
+def read_packed(read, file_type: int, buffer, offset: int, n: int, k: int) -> Packed:
+    """read(buffer, offset, n, k) a slice of about PACK_WEIGHTS weights at a time, each slice
+    packed into its place in the result (the layout keeps each 16 output channels'
+    bytes apart, so slices pack on their own): the same bytes as
+    read(...).packed(), with one slice's temporaries alive instead of the tensor's."""
+    weights, block = _FILE_BLOCKS[file_type]
+    row_bytes = k // weights * block
+    step = max(CHANNELS, PACK_WEIGHTS // k // CHANNELS * CHANNELS)  # rows a slice
+    out = None
+    for start in range(0, n, step):
+        rows = min(step, n - start)
+        form = read(buffer, offset + start * row_bytes, rows, k)
+        part = form.packed()
+        if out is None:
+            out = torch.empty((n // CHANNELS, *part.shape[1:]), dtype=part.dtype)
+            kind, bits = form.kind, form.bits
+        out[start // CHANNELS: (start + rows) // CHANNELS] = part
+    return Packed(out, kind, bits)
+
+
 def fit6(weight: torch.Tensor) -> Q6 | None:
     """Any weight rounded onto the 6-bit grid per 16 inputs (symmetric, as Q6_K):
     tests build 6-bit layers from it. None when the shape does not fit the kernel."""

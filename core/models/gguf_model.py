@@ -317,10 +317,12 @@ def _linear(linear: torch.nn.Linear, file: GGUFFile, processor, name: str, reade
             order = None
             read = None
         if read is not None:
-            quantized = read(file.buffer, tensor.offset, n, k)
-            file.release(name)
-            if order is not None:
+            if order is None:  # a slice of rows at a time: a large matrix's unpacking stays small
+                quantized = layouts.read_packed(read, tensor.ggml_type, file.buffer, tensor.offset, n, k)
+            else:  # q and k, their rows reordered: a layer's worth
+                quantized = read(file.buffer, tensor.offset, n, k)
                 quantized = type(quantized)(*(t[order] for t in quantized))
+            file.release(name)
             return quant_linear(linear, quantized)
     weight = torch.from_numpy(_processed(processor, name, file.dequantized(name)))
     if linear.weight.numel() < MIN_WEIGHTS:
